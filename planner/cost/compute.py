@@ -1,0 +1,204 @@
+"""Compute cost: FLOPs of every operator of a decoder layer, the embedding and the LM head, and their time on a GPU.
+
+The model is a list of operators whose costs add up (Calculon's habit): each :class:`Op` is either a GEMM
+(compute-bound, timed with the GPU's matmul efficiency curve at that GEMM's size), the attention core (timed with
+the attention kernel's efficiency), or a memory-bound kernel (timed by bytes moved over HBM bandwidth).
+
+FLOP counts follow Narayanan et al. 2021 (Eq. 3) and Korthikanti et al. 2022 (App. A): a GEMM of (m x k) by
+(k x n) costs 2mkn FLOPs forward and twice that backward (input and weight gradient, each 2mkn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.specs.config import RunConfig
+from planner.specs.hardware import GPU
+from planner.specs.model import ModelSpec
+
+ACT_BYTES = 2  # bf16 activations
+LOGIT_BYTES = 4  # Megatron keeps the logits and softmax for the cross-entropy in fp32
+
+#: backward / forward FLOP ratio of a GEMM: input gradient (2mkn) + weight gradient (2mkn) vs forward (2mkn)
+GEMM_BWD_RATIO = 2.0
+#: flash-attention backward recomputes the score matrix: 5 s^2 GEMMs against 2 in forward (Dao 2022, Sec. 3.1.2)
+FLASH_ATTN_BWD_RATIO = 2.5
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator of one micro-batch on one GPU.
+
+    ``flops`` and ``hbm_bytes`` are forward costs; ``bwd_ratio`` scales them for backward. ``kind`` is one of
+    "gemm", "attention" or "memory". ``weight_grad_fraction`` is the share of backward spent on weight gradients
+    (the W pass of zero-bubble schedules).
+    """
+
+    name: str
+    kind: str
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    bwd_ratio: float = GEMM_BWD_RATIO
+    weight_grad_fraction: float = 0.5
+    recomputed_by_selective: bool = False  # selective recompute redoes this op in backward
+
+
+def _gemm(name: str, m: float, k: float, n: float) -> Op:
+    return Op(name, "gemm", flops=2.0 * m * k * n)
+
+
+def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
+    """Operators of one transformer layer, one micro-batch, on one GPU (after TP, CP and SP sharding).
+
+    Tokens per GPU are b*s/cp; GEMM output dims are split by TP. Attention core FLOPs: 4*b*s^2*h per layer
+    (QK^T and attention x V, Narayanan Eq. 3's s/(6h) term), divided by CP, halved when a flash kernel skips the
+    masked half of a causal mask (an assumption stated in the README).
+    """
+    t, cp = cfg.tp, cfg.cp
+    T = cfg.micro_batch_size * cfg.seq_len / cp  # tokens on this GPU
+    h = model.hidden_size
+    ops: list[Op] = []
+    # ---- attention --------------------------------------------------------------------------------------------
+    ops.append(_gemm("qkv_proj", T, h, (model.q_dim + 2 * model.kv_dim) / t))
+    s_kv = cfg.seq_len  # each query attends to the whole (causal) sequence, whatever the CP split
+    core_flops = 4.0 * T * s_kv * model.q_dim / t
+    if cfg.flash_attention:
+        ops.append(Op("attention_core", "attention", flops=core_flops * 0.5, bwd_ratio=FLASH_ATTN_BWD_RATIO,
+                      weight_grad_fraction=0.0, recomputed_by_selective=False))
+    else:
+        # unfused attention: two batched GEMMs (QK^T and scores x V), timed like any GEMM of that size per head
+        ops.append(Op("attention_core", "gemm", flops=core_flops, weight_grad_fraction=0.0,
+                      recomputed_by_selective=True))
+        # scale-mask-softmax + dropout over the a*s*s score matrix: read 2 B, write 2 B, dropout read/write + mask
+        per_score = (2 + 2 + 2 + 2 + 1) if model.dropout else (2 + 2)
+        score_elems = T * s_kv * model.num_heads / t
+        ops.append(Op("softmax_dropout", "memory", hbm_bytes=per_score * score_elems, bwd_ratio=1.0,
+                      weight_grad_fraction=0.0, recomputed_by_selective=True))
+    ops.append(_gemm("attn_out_proj", T, model.q_dim / t, h))
+    # ---- MLP / MoE --------------------------------------------------------------------------------------------
+    n_mats = 3 if model.gated_mlp else 2
+    if moe:
+        k = model.experts_per_token
+        f = model.moe_ffn_hidden_size
+        ops.append(_gemm("router", T, h, model.num_experts))
+        # routed experts: every token goes through k experts; with EP the tokens are redistributed so each GPU
+        # still does (on average) T*k expert-token products, each split by expert TP (= TP here)
+        ops.append(Op("experts", "gemm", flops=n_mats * 2.0 * T * k * h * f / t))
+        if model.num_shared_experts:
+            ops.append(Op("shared_experts", "gemm",
+                          flops=n_mats * 2.0 * T * h * f * model.num_shared_experts / t))
+    else:
+        f = model.ffn_hidden_size
+        ops.append(_gemm("mlp_in", T, h, (n_mats - 1) * f / t))
+        ops.append(_gemm("mlp_out", T, f / t, h))
+        k = 1
+    # ---- memory-bound kernels (bytes moved per token, bf16) ---------------------------------------------------
+    sp_div = t if cfg.sequence_parallel else 1
+    norm_elems = 2 * (2 if model.norm == "layernorm" else 1)  # read + write (+ bias pass for LayerNorm)
+    resid_elems = 3 + (1.5 if model.dropout else 0)  # read x, read residual, write (+ dropout mask / output)
+    per_token_h = (2 * norm_elems + 2 * resid_elems) / sp_div  # two norms, two residual adds per layer
+    ffn_width = (model.moe_ffn_hidden_size * k if moe else model.ffn_hidden_size) / t
+    act_elems = (3 * ffn_width) if model.gated_mlp else (2 * ffn_width)  # SwiGLU: read 2f write f; GeLU: r+w
+    rope_elems = 0 if model.learned_positions else 2 * (model.q_dim + model.kv_dim) / t
+    ops.append(Op("elementwise", "memory", hbm_bytes=ACT_BYTES * T * (per_token_h * h + act_elems + rope_elems),
+                  bwd_ratio=2.0, weight_grad_fraction=0.0))
+    return ops
+
+
+def embedding_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
+    """Input embedding lookup (memory-bound gather of b*s rows of h)."""
+    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    rows = T / (cfg.tp if cfg.sequence_parallel else 1)  # with SP the output is scattered along the sequence
+    return [Op("embedding", "memory", hbm_bytes=ACT_BYTES * rows * model.hidden_size * 2, bwd_ratio=1.0,
+               weight_grad_fraction=1.0)]
+
+
+def head_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
+    """Final norm, LM head GEMM (2*b*s*h*V, Narayanan Eq. 3's V/(16Lh) term) and the fp32 cross-entropy."""
+    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    h, V = model.hidden_size, model.vocab_size
+    logits_elems = T * V / cfg.tp
+    return [
+        _gemm("lm_head", T, h, V / cfg.tp),
+        # cross-entropy: write fp32 logits, max/sum/softmax passes, gradient write (fused Megatron kernel)
+        Op("cross_entropy", "memory", hbm_bytes=LOGIT_BYTES * logits_elems * 3, bwd_ratio=1.0,
+           weight_grad_fraction=0.0),
+    ]
+
+
+def op_time_s(op: Op, gpu: GPU) -> float:
+    """Forward time of one operator: FLOPs / (peak x efficiency) for compute, bytes / (HBM BW x efficiency)."""
+    if op.kind == "gemm":
+        return op.flops / (gpu.peak_flops * gpu.matmul_efficiency(op.flops))
+    if op.kind == "attention":
+        return op.flops / (gpu.peak_flops * gpu.attention_efficiency)
+    return op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Times of one micro-batch through a group of ops: forward, input-gradient (B), weight-gradient (W), and the
+    extra forward work under selective recompute."""
+
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    selective_recompute_s: float
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd_input_s + self.bwd_weight_s
+
+
+def pass_times(ops: list[Op], gpu: GPU) -> PassTimes:
+    fwd = bwd_in = bwd_w = sel = 0.0
+    for op in ops:
+        tf = op_time_s(op, gpu)
+        tb = tf * op.bwd_ratio
+        fwd += tf
+        bwd_w += tb * op.weight_grad_fraction
+        bwd_in += tb * (1.0 - op.weight_grad_fraction)
+        if op.recomputed_by_selective:
+            sel += tf
+    return PassTimes(fwd, bwd_in, bwd_w, sel)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model FLOPs (for MFU) — closed forms from the papers
+# ---------------------------------------------------------------------------------------------------------------
+def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, causal_half: bool = False) -> float:
+    """Model FLOPs of one training step (forward + backward, no recomputation).
+
+    For a GPT model this is Korthikanti et al. 2022, App. A, Eq. 7: 72 B L s h^2 (1 + s/(6h) + V/(12 h L));
+    the general form counts each GEMM of the layer (GQA, gated MLP, MoE active experts) at 3 x 2mkn.
+    ``causal_half`` counts only the unmasked half of the attention scores (the convention some reports use).
+    """
+    h, s, B = model.hidden_size, seq_len, global_batch
+    tokens = B * s
+    attn_proj = 2 * h * (model.q_dim + 2 * model.kv_dim) + 2 * model.q_dim * h
+    n_mats = 3 if model.gated_mlp else 2
+    dense_mlp = 2 * n_mats * h * model.ffn_hidden_size
+    moe_mlp = 0.0
+    if model.is_moe:
+        moe_mlp = 2 * n_mats * h * model.moe_ffn_hidden_size * (model.experts_per_token + model.num_shared_experts)
+        moe_mlp += 2 * h * model.num_experts
+    per_token_layers = (model.num_layers - model.num_moe_layers) * (attn_proj + dense_mlp) + \
+        model.num_moe_layers * (attn_proj + moe_mlp)
+    attn_core = 4 * s * model.q_dim * model.num_layers * (0.5 if causal_half else 1.0)
+    head = 2 * h * model.vocab_size
+    return 3.0 * tokens * (per_token_layers + attn_core + head)
+
+
+def gpt_model_flops_eq7(B: int, s: int, L: int, h: int, V: int) -> float:
+    """Korthikanti et al. 2022, App. A, Eq. 7: 72 B L s h^2 (1 + s/(6h) + V/(12 h L))."""
+    return 72.0 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def gpt_full_recompute_flops_eq3(B: int, s: int, L: int, h: int, V: int) -> float:
+    """Narayanan et al. 2021, Eq. 3: 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) (with one extra forward)."""
+    return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def gpt_selective_hardware_flops_eq8(B: int, s: int, L: int, h: int, V: int) -> float:
+    """Korthikanti et al. 2022, App. A, Eq. 8: 72 B L s h^2 (1 + s/(3h) + V/(12 h L))."""
+    return 72.0 * B * L * s * h * h * (1 + s / (3 * h) + V / (12 * h * L))

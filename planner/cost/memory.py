@@ -1,0 +1,193 @@
+"""Memory cost per GPU: parameters, model states under ZeRO, and activations under TP / SP / CP / recomputation.
+
+Sources:
+* Parameters: Narayanan et al. 2021, Eq. 2, P = 12 L h^2 (1 + 13/(12h) + (V+s)/(12 L h)) for GPT; the general
+  count below adds GQA, gated MLPs, RMSNorm, untied heads and experts matrix by matrix.
+* Model states: Rajbhandari et al. 2020 (ZeRO), mixed-precision Adam = 2 + 2 + 12 bytes per parameter; stage 1
+  shards the 12 optimizer bytes over the data-parallel group, stage 2 also the gradients, stage 3 the weights.
+* Activations: Korthikanti et al. 2022, Table 2, per layer s b h (34 + 5 a s / h) bytes and its TP / SP /
+  selective / full variants; the general form below counts each stored tensor, so it reduces to Table 2 for GPT
+  (dropout, GELU MLP of 4h, multi-head attention) and covers GQA, SwiGLU, no-dropout and flash attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.specs.config import RunConfig
+from planner.specs.model import ModelSpec
+
+WEIGHT_BYTES = 2  # bf16 weights
+GRAD_BYTES = 2  # bf16 gradients (ZeRO paper's 2 + 2 + 12)
+OPTIMIZER_BYTES = 12  # fp32 master weights + Adam's two moments
+LOGIT_BYTES = 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parameter counts
+# ---------------------------------------------------------------------------------------------------------------
+def norm_params(model: ModelSpec) -> int:
+    return model.hidden_size * (2 if model.norm == "layernorm" else 1)
+
+
+def attention_params(model: ModelSpec) -> int:
+    h = model.hidden_size
+    n = h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h
+    if model.linear_bias:
+        n += model.q_dim + 2 * model.kv_dim + h
+    return n
+
+
+def dense_mlp_params(model: ModelSpec, ffn: int | None = None) -> int:
+    h = model.hidden_size
+    f = model.ffn_hidden_size if ffn is None else ffn
+    n_mats = 3 if model.gated_mlp else 2
+    n = n_mats * h * f
+    if model.linear_bias:
+        n += (n_mats - 1) * f + h
+    return n
+
+
+def expert_params_per_layer(model: ModelSpec) -> int:
+    """Routed expert weights of one MoE layer (sharded by expert parallelism)."""
+    return model.num_experts * dense_mlp_params(model, model.moe_ffn_hidden_size) if model.is_moe else 0
+
+
+def layer_params(model: ModelSpec, moe: bool = False) -> int:
+    """All parameters of one decoder layer (attention, MLP or MoE incl. shared experts and router, two norms)."""
+    n = attention_params(model) + 2 * norm_params(model)
+    if moe:
+        n += expert_params_per_layer(model)
+        n += model.num_shared_experts * dense_mlp_params(model, model.moe_ffn_hidden_size)
+        n += model.hidden_size * model.num_experts  # router
+    else:
+        n += dense_mlp_params(model)
+    return n
+
+
+def embedding_params(model: ModelSpec, seq_len: int | None = None) -> int:
+    n = model.vocab_size * model.hidden_size
+    if model.learned_positions:
+        n += (seq_len or model.max_seq_len) * model.hidden_size
+    return n
+
+
+def head_params(model: ModelSpec) -> int:
+    """Final norm plus the LM head matrix (none when tied to the input embedding)."""
+    return norm_params(model) + (0 if model.tied_embeddings else model.vocab_size * model.hidden_size)
+
+
+def total_params(model: ModelSpec, seq_len: int | None = None) -> int:
+    """Total parameters (Narayanan Eq. 2 for GPT with learned positions of length s)."""
+    dense_layers = model.num_layers - model.num_moe_layers
+    return (dense_layers * layer_params(model) + model.num_moe_layers * layer_params(model, moe=True)
+            + embedding_params(model, seq_len) + head_params(model))
+
+
+def active_params(model: ModelSpec, seq_len: int | None = None) -> int:
+    """Parameters touched per token: routed experts count only the top-k chosen ones."""
+    if not model.is_moe:
+        return total_params(model, seq_len)
+    unused = (model.num_experts - model.experts_per_token) * dense_mlp_params(model, model.moe_ffn_hidden_size)
+    return total_params(model, seq_len) - model.num_moe_layers * unused
+
+
+def gpt_params_eq2(L: int, h: int, V: int, s: int) -> float:
+    """Narayanan et al. 2021, Eq. 2: P = 12 L h^2 (1 + 13/(12h) + (V+s)/(12 L h))."""
+    return 12.0 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Activations
+# ---------------------------------------------------------------------------------------------------------------
+def activation_bytes_per_layer(model: ModelSpec, cfg: RunConfig, recompute: str | None = None,
+                               moe: bool = False) -> float:
+    """Activation bytes one layer keeps for backward, one micro-batch, on one GPU.
+
+    Korthikanti et al. 2022 Table 2, counted tensor by tensor (bytes per token, 16-bit):
+      replicated across TP unless SP: two norm inputs 4h, QKV input 2h, MLP input 2h, two dropout masks 2h
+      split by TP: Q 2q, K and V 4kv, attention output 2q, MLP: GELU 4f (input + fc2 input) or SwiGLU 6f
+      score matrix (no flash kernel, no selective recompute): 5 a s with dropout (2 a s without), split by TP
+    Full recompute keeps only the layer input, 2h (split by TP with SP, as Megatron stores it).
+    """
+    mode = recompute or cfg.recompute
+    t, h = cfg.tp, model.hidden_size
+    sp = t if cfg.sequence_parallel else 1
+    tokens = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    if mode == "full":
+        return tokens * 2 * h / sp
+    replicated = 4 * h + 2 * h + 2 * h + (2 * h if model.dropout else 0)
+    if moe:
+        k = model.experts_per_token
+        f_total = model.moe_ffn_hidden_size * (k + model.num_shared_experts)
+    else:
+        f_total = model.ffn_hidden_size
+    mlp = (6 if model.gated_mlp else 4) * f_total
+    split = 2 * model.q_dim + 4 * model.kv_dim + 2 * model.q_dim + mlp
+    if moe:
+        split += 4 * model.num_experts / 1  # router logits + probs, fp32 (tiny)
+    per_token = replicated / sp + split / t
+    if not cfg.flash_attention and mode == "none":
+        per_token += (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t
+    elif cfg.flash_attention:
+        per_token += 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
+    return tokens * per_token
+
+
+def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, variant: str) -> float:
+    """Korthikanti et al. 2022, Table 2, activation bytes per layer (16-bit), for the tests' pinning."""
+    if variant == "none":
+        return s * b * h * (34 + 5 * a * s / h)
+    if variant == "tp":
+        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    if variant == "tp_sp":
+        return s * b * h * (34 / t + 5 * a * s / (h * t))
+    if variant == "tp_selective":
+        return s * b * h * (10 + 24 / t)
+    if variant == "tp_sp_selective":
+        return s * b * h * (34 / t)
+    if variant == "full":
+        return s * b * h * 2
+    raise ValueError(variant)
+
+
+def head_activation_bytes(model: ModelSpec, cfg: RunConfig) -> float:
+    """Last stage: final-norm input (2h, split with SP) + bf16 logits (2V/t) + fp32 softmax for the loss (4V/t)."""
+    tokens = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    sp = cfg.tp if cfg.sequence_parallel else 1
+    return tokens * (2 * model.hidden_size / sp + (2 + LOGIT_BYTES) * model.vocab_size / cfg.tp)
+
+
+def embedding_activation_bytes(model: ModelSpec, cfg: RunConfig) -> float:
+    """First stage: the embedding output (and its dropout mask for GPT), Korthikanti Sec. 4.3."""
+    tokens = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    sp = cfg.tp if cfg.sequence_parallel else 1
+    return tokens * model.hidden_size * (3 if model.dropout else 2) / sp
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model states
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one GPU of a pipeline stage holds (after TP / EP sharding), split by how ZeRO may shard them."""
+
+    dense: float  # sharded by ZeRO over the DP x CP group
+    expert: float  # sharded by ZeRO over the expert-data-parallel group (DP x CP / EP)
+    largest_layer: float  # the biggest single layer on this GPU (ZeRO-3 gathers it whole)
+
+
+def model_state_bytes(p: StageParams, zero_stage: int, dp_shard: int, expert_dp_shard: int) -> dict[str, float]:
+    """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
+
+    Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers).
+    """
+    def shard(n: float, on: bool, degree: int) -> float:
+        return n / degree if on else n
+
+    w = (shard(p.dense, zero_stage >= 3, dp_shard) + shard(p.expert, zero_stage >= 3, expert_dp_shard)) * WEIGHT_BYTES
+    g = (shard(p.dense, zero_stage >= 2, dp_shard) + shard(p.expert, zero_stage >= 2, expert_dp_shard)) * GRAD_BYTES
+    o = (shard(p.dense, zero_stage >= 1, dp_shard) + shard(p.expert, zero_stage >= 1, expert_dp_shard)) * \
+        OPTIMIZER_BYTES
+    gathered = 2 * p.largest_layer * WEIGHT_BYTES if zero_stage >= 3 and dp_shard > 1 else 0.0
+    return {"weights": w + gathered, "gradients": g, "optimizer": o}

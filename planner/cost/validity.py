@@ -1,0 +1,75 @@
+"""Validity rules of a configuration against a model and a cluster (shared by ``estimate`` and the search)."""
+
+from __future__ import annotations
+
+from planner.cost.schedule import SCHEDULES
+from planner.specs.config import RECOMPUTE_MODES, ZERO_STAGES, RunConfig
+from planner.specs.hardware import Cluster
+from planner.specs.model import ModelSpec
+
+
+def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[tuple[str, str]]:
+    """Every rule a configuration breaks, as (option, message naming the rule and a valid alternative).
+
+    Rules: degrees multiply to the GPU count; heads and KV heads divisible by TP; TP inside one node; global batch
+    divisible by DP x micro-batch; enough layers for PP x VPP stages; CP divides the sequence; EP divides DP x CP
+    and the experts (Megatron's rule); the schedule's own constraints.
+    """
+    out: list[tuple[str, str]] = []
+    for name in ("num_gpus", "tp", "pp", "cp", "ep", "vpp", "global_batch_size", "micro_batch_size", "seq_len"):
+        if getattr(cfg, name) < 1:
+            out.append((name, f"must be >= 1, got {getattr(cfg, name)}"))
+    if out:
+        return out
+    prod = cfg.tp * cfg.pp * cfg.cp
+    if cfg.num_gpus % prod:
+        out.append(("gpus", f"{cfg.num_gpus} GPUs are not divisible by tp*pp*cp = {prod}; "
+                            f"use a GPU count that is a multiple of {prod}"))
+        return out
+    if cluster.max_gpus and cfg.num_gpus > cluster.max_gpus:
+        out.append(("gpus", f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs"))
+    if model.num_heads % cfg.tp or model.num_kv_heads % cfg.tp and cfg.tp % model.num_kv_heads:
+        out.append(("tp", f"{model.num_heads} attention heads / {model.num_kv_heads} KV heads are not divisible "
+                          f"by tp={cfg.tp}"))
+    if cfg.tp > cluster.gpus_per_node:
+        out.append(("tp", f"tp={cfg.tp} is larger than a node ({cluster.gpus_per_node} GPUs); "
+                          f"use tp <= {cluster.gpus_per_node}"))
+    dp = cfg.dp
+    if cfg.global_batch_size % (dp * cfg.micro_batch_size):
+        out.append(("global-batch", f"global batch {cfg.global_batch_size} is not divisible by dp*micro_batch = "
+                                    f"{dp}*{cfg.micro_batch_size}"))
+    stages = cfg.pp * cfg.vpp
+    if cfg.layers_per_stage is not None:
+        if len(cfg.layers_per_stage) != stages or sum(cfg.layers_per_stage) != model.num_layers or \
+                min(cfg.layers_per_stage) < 0:
+            out.append(("layers_per_stage", f"must list {stages} non-negative counts summing to "
+                                            f"{model.num_layers} layers"))
+    elif model.num_layers < stages:
+        out.append(("pp", f"{model.num_layers} layers cannot fill pp*vpp = {stages} stages"))
+    if cfg.vpp > 1 and cfg.layers_per_stage is None and model.num_layers % stages:
+        out.append(("vpp", f"{model.num_layers} layers are not divisible by pp*vpp = {stages} (virtual stages "
+                           f"need equal chunks)"))
+    if cfg.seq_len % (2 * cfg.cp) and cfg.cp > 1:
+        out.append(("cp", f"seq_len {cfg.seq_len} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
+                          f"causal split)"))
+    if cfg.cp_kind == "ulysses" and cfg.cp > 1 and model.num_heads % (cfg.cp * cfg.tp):
+        out.append(("cp", f"Ulysses needs heads ({model.num_heads}) divisible by tp*cp = {cfg.tp * cfg.cp}"))
+    if cfg.ep > 1:
+        if not model.is_moe:
+            out.append(("ep", "expert parallelism needs a mixture-of-experts model"))
+        elif (dp * cfg.cp) % cfg.ep or model.num_experts % cfg.ep:
+            out.append(("ep", f"ep={cfg.ep} must divide dp*cp = {dp * cfg.cp} and the {model.num_experts} experts"))
+    if cfg.recompute not in RECOMPUTE_MODES:
+        out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
+    if cfg.zero_stage not in ZERO_STAGES:
+        out.append(("zero", f"unknown ZeRO stage {cfg.zero_stage}; use 0, 1, 2 or 3"))
+    if cfg.sequence_parallel and cfg.tp == 1:
+        pass  # harmless: SP is a no-op without TP
+    sched = SCHEDULES.get(cfg.schedule)
+    if sched is None:
+        out.append(("schedule", f"unknown schedule '{cfg.schedule}'; use one of {', '.join(SCHEDULES)}"))
+    elif cfg.num_microbatches >= 1:
+        reason = sched.check(cfg.pp, cfg.num_microbatches, cfg.vpp)
+        if reason:
+            out.append(("schedule", reason))
+    return out

@@ -1,0 +1,106 @@
+"""Plan: a configuration with its estimate, and its JSON form (what launchers, ``export`` and ``explain`` read).
+
+The JSON layout is described by ``planner/schema/plan.schema.json`` and versioned by ``schema_version``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from planner.cost.step import Estimate, stage_layers
+from planner.errors import PlannerError
+from planner.specs.config import RunConfig
+from planner.specs.model import ModelSpec
+
+SCHEMA_VERSION = "1.0"
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    cluster_name: str
+    config: RunConfig
+    estimate: Estimate
+    alternatives: tuple["Plan", ...] = field(default=())
+    search: dict[str, Any] | None = None
+
+    def to_dict(self, *, with_stages: bool = True, with_model: bool = True) -> dict[str, Any]:
+        return plan_dict(self.model, self.cluster_name, self.config, self.estimate, alternatives=self.alternatives,
+                         search=self.search, with_stages=with_stages, with_model=with_model)
+
+    def to_json(self) -> str:
+        return dumps(self.to_dict())
+
+
+def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
+    """The configuration part of a plan's JSON (shared by ``estimate --json`` and ``plan --json``)."""
+    return {
+        "num_gpus": cfg.num_gpus,
+        "parallelism": {
+            "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
+            "sequence_parallel": cfg.sequence_parallel, "zero_stage": cfg.zero_stage, "cp_kind": cfg.cp_kind,
+        },
+        "batch": {
+            "global_batch_size": cfg.global_batch_size, "micro_batch_size": cfg.micro_batch_size,
+            "num_microbatches": cfg.num_microbatches, "seq_len": cfg.seq_len,
+        },
+        "schedule": cfg.schedule,
+        "recompute": {"mode": cfg.recompute, "num_layers": cfg.recompute_num_layers},
+        "layers_per_stage": list(stage_layers(model, cfg)),
+        "options": {
+            "flash_attention": cfg.flash_attention, "overlap_grad_reduce": cfg.overlap_grad_reduce,
+            "overlap_param_gather": cfg.overlap_param_gather, "tp_comm_overlap": cfg.tp_comm_overlap,
+            "grad_reduce_bytes": cfg.grad_reduce_bytes,
+        },
+    }
+
+
+def plan_dict(model: ModelSpec, cluster_name: str, cfg: RunConfig, est: Estimate, *, alternatives=(),
+              search: dict | None = None, with_stages: bool = True, with_model: bool = True) -> dict[str, Any]:
+    d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "model": model.name, "cluster": cluster_name}
+    d.update(config_fields(model, cfg))
+    d["estimate"] = est.to_dict(with_stages=with_stages)
+    if with_model:
+        d["model_spec"] = asdict(model)
+    if alternatives:
+        d["alternatives"] = [a.to_dict(with_stages=False, with_model=False) for a in alternatives]
+    if search is not None:
+        d["search"] = search
+    return d
+
+
+def dumps(d: dict[str, Any]) -> str:
+    """Deterministic JSON: sorted keys, fixed float formatting by json's repr, trailing newline."""
+    return json.dumps(d, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def config_from_dict(d: dict[str, Any], source: str = "<plan>") -> RunConfig:
+    """Rebuild the RunConfig of a plan JSON (as written by ``plan_dict``)."""
+    try:
+        par, batch, rec, opt = d["parallelism"], d["batch"], d["recompute"], d.get("options", {})
+        layers = d.get("layers_per_stage")
+        return RunConfig(
+            num_gpus=int(d["num_gpus"]), tp=par["tp"], pp=par["pp"], cp=par.get("cp", 1), ep=par.get("ep", 1),
+            vpp=par.get("vpp", 1), sequence_parallel=par["sequence_parallel"], zero_stage=par["zero_stage"],
+            cp_kind=par.get("cp_kind", "ring"), global_batch_size=batch["global_batch_size"],
+            micro_batch_size=batch["micro_batch_size"], seq_len=batch["seq_len"], schedule=d["schedule"],
+            recompute=rec["mode"], recompute_num_layers=rec.get("num_layers"),
+            layers_per_stage=tuple(layers) if layers else None,
+            **{f.name: opt[f.name] for f in fields(RunConfig) if f.name in opt},
+        )
+    except (KeyError, TypeError) as e:
+        raise PlannerError(f"not a planner plan: missing or malformed field {e}", source=source,
+                           fix="pass a file written by `planner plan --json` or `planner estimate --json`")
+
+
+def model_from_plan_dict(d: dict[str, Any], source: str = "<plan>") -> ModelSpec:
+    spec = d.get("model_spec")
+    if not isinstance(spec, dict):
+        raise PlannerError("missing model_spec", source=source, field="model_spec",
+                           fix="pass a file written by `planner plan --json`")
+    try:
+        return ModelSpec(**spec)
+    except TypeError as e:
+        raise PlannerError(f"malformed model_spec: {e}", source=source, field="model_spec")

@@ -1,0 +1,77 @@
+"""One typed configuration holding every parallelism and training knob (torchtitan's habit).
+
+The search produces these; ``planner estimate`` takes one from the command line; exporters turn one into launcher
+arguments. Derived quantities (DP degree, number of micro-batches) are properties, never stored twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+CP_KINDS = ("ring", "ulysses")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    num_gpus: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1  # expert parallel degree (divides dp x cp)
+    vpp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
+    global_batch_size: int = 1  # sequences per optimizer step
+    micro_batch_size: int = 1
+    seq_len: int = 2048
+    sequence_parallel: bool = True
+    zero_stage: int = 1
+    recompute: str = "selective"
+    #: with recompute == "full": how many layers per pipeline stage are fully recomputed (None = all of them);
+    #: the others keep their activations (selective recompute where that is set to "selective-rest")
+    recompute_num_layers: int | None = None
+    schedule: str = "1f1b"
+    cp_kind: str = "ring"
+    #: layers of each pipeline stage (pp * vpp entries, in model order); None = as even as possible
+    layers_per_stage: tuple[int, ...] | None = None
+    flash_attention: bool = True  # fused attention kernel: no s^2 activations, causal blocks skipped
+    overlap_grad_reduce: bool = True  # DP gradient reduction overlapped with backward (Megatron --overlap-grad-reduce)
+    overlap_param_gather: bool = True  # ZeRO-1/3 parameter all-gather overlapped with the next forward
+    tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
+    grad_reduce_bytes: int = 2  # bytes per element of the DP gradient reduction (bf16 = 2, fp32 = 4)
+
+    # ----- derived --------------------------------------------------------------------------------------------
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: GPUs / (TP x PP x CP). Callers check divisibility with ``validity``."""
+        return self.num_gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step: B / (DP x b)."""
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    @property
+    def num_stages(self) -> int:
+        """Model chunks along the pipeline: PP x VPP."""
+        return self.pp * self.vpp
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    def with_(self, **changes: Any) -> "RunConfig":
+        return replace(self, **changes)
+
+
+def even_layer_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Layers per pipeline stage, as even as possible; the remainder goes to the middle stages, since the first
+    and last stages also carry the embedding and the LM head."""
+    base, extra = divmod(num_layers, num_stages)
+    counts = [base] * num_stages
+    order = sorted(range(num_stages), key=lambda i: (abs(i - (num_stages - 1) / 2), i))
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+

@@ -1,0 +1,183 @@
+"""Hardware as small composable parts: a GPU (processor + memory), the link inside a node, the network between
+nodes, and a cluster that puts them together. Profiles are data files in ``hardware_profiles/``; this module only
+reads them. Units in the files carry their unit in the key (``_tflops``, ``_gb_s``, ``_us``, ``_gib``); the
+dataclasses hold SI units (FLOP/s, bytes, bytes/s, seconds).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.specs.model import _data_dir, read_json_file
+
+GIB = 1024**3
+GB = 1e9
+TFLOPS = 1e12
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class EfficiencyCurve:
+    """Achieved fraction of peak FLOP/s as a function of one GEMM's FLOPs (piecewise linear in log10(flops))."""
+
+    log10_flops: tuple[float, ...]
+    efficiency: tuple[float, ...]
+
+    def __call__(self, flops: float) -> float:
+        if flops <= 0:
+            return self.efficiency[0]
+        x = math.log10(flops)
+        xs = self.log10_flops
+        if x <= xs[0]:
+            return self.efficiency[0]
+        if x >= xs[-1]:
+            return self.efficiency[-1]
+        i = bisect.bisect_right(xs, x)
+        x0, x1 = xs[i - 1], xs[i]
+        e0, e1 = self.efficiency[i - 1], self.efficiency[i]
+        return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    matmul_efficiency: EfficiencyCurve
+    attention_efficiency: float  # fraction of peak reached by the fused attention kernel (score + value GEMMs)
+    memory_bound_efficiency: float  # fraction of HBM bandwidth reached by elementwise / norm kernels
+    memory_reserve_bytes: float  # CUDA context, NCCL buffers, allocator fragmentation
+
+
+@dataclass(frozen=True)
+class Link:
+    """One class of interconnect, seen from one GPU: bandwidth per direction, per-message latency, and the fraction
+    of the wire bandwidth that ring collectives reach (NCCL bus bandwidth / link bandwidth)."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    efficiency: float
+
+    @property
+    def bus_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    gpu: GPU
+    gpus_per_node: int
+    intra_node: Link  # NVLink / NVSwitch / Infinity Fabric, per GPU
+    inter_node: Link  # the GPU's NIC share (InfiniBand / RoCE), per GPU
+    max_gpus: int = 0  # 0 = unbounded
+    source: str = ""
+
+
+def hardware_profiles_dir() -> Path:
+    return _data_dir("hardware_profiles")
+
+
+def shipped_clusters() -> list[str]:
+    return sorted(p.stem for p in hardware_profiles_dir().glob("*.json"))
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    """Load a shipped profile by name or a profile JSON file by path."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        candidate = hardware_profiles_dir() / f"{name_or_path}.json"
+        if not candidate.exists():
+            raise PlannerError(f"unknown cluster '{name_or_path}'", source="--cluster",
+                               fix=f"use a profile path or one of: {', '.join(shipped_clusters())}")
+        path = candidate
+    return cluster_from_dict(read_json_file(path, "hardware profile"), source=str(path), default_name=path.stem)
+
+
+def _num(d: Any, key: str, source: str, section: str, *, positive: bool = True, maximum: float | None = None,
+         default: float | None = None) -> float:
+    if not isinstance(d, dict):
+        raise PlannerError("must be an object", source=source, field=section)
+    if key not in d:
+        if default is not None:
+            return default
+        raise PlannerError("missing required field", source=source, field=f"{section}.{key}",
+                           fix="see hardware_profiles/README.md for the format")
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PlannerError(f"must be a number, got {value!r}", source=source, field=f"{section}.{key}")
+    if positive and value <= 0 or not positive and value < 0:
+        raise PlannerError(f"must be {'> 0' if positive else '>= 0'}, got {value}", source=source,
+                           field=f"{section}.{key}")
+    if maximum is not None and value > maximum:
+        raise PlannerError(f"must be <= {maximum}, got {value}", source=source, field=f"{section}.{key}")
+    return float(value)
+
+
+def _link(d: Any, source: str, section: str) -> Link:
+    if not isinstance(d, dict):
+        raise PlannerError("missing or not an object", source=source, field=section)
+    return Link(
+        name=str(d.get("name", section)),
+        bandwidth_bytes_per_s=_num(d, "bandwidth_gb_s", source, section) * GB,
+        latency_s=_num(d, "latency_us", source, section, positive=False) * US,
+        efficiency=_num(d, "efficiency", source, section, maximum=1.0),
+    )
+
+
+def _curve(d: Any, source: str, section: str) -> EfficiencyCurve:
+    pts = d.get("points") if isinstance(d, dict) else None
+    if not isinstance(pts, list) or not pts:
+        raise PlannerError("needs a non-empty list \"points\" of [gemm_gflop, efficiency]", source=source,
+                           field=section)
+    xs, ys = [], []
+    for i, p in enumerate(pts):
+        if (not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                              for v in p) or p[0] <= 0 or not 0 < p[1] <= 1):
+            raise PlannerError(f"point {i} must be [gemm_gflop > 0, efficiency in (0, 1]], got {p!r}",
+                               source=source, field=f"{section}.points")
+        xs.append(math.log10(p[0] * 1e9))
+        ys.append(float(p[1]))
+    if any(b <= a for a, b in zip(xs, xs[1:])):
+        raise PlannerError("points must be sorted by increasing gemm_gflop", source=source, field=f"{section}.points")
+    return EfficiencyCurve(tuple(xs), tuple(ys))
+
+
+def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str = "cluster") -> Cluster:
+    if not isinstance(data, dict):
+        raise PlannerError("top level must be a JSON object", source=source)
+    g = data.get("gpu")
+    if not isinstance(g, dict):
+        raise PlannerError("missing or not an object", source=source, field="gpu")
+    gpu = GPU(
+        name=str(g.get("name", default_name)),
+        peak_flops=_num(g, "peak_bf16_tflops", source, "gpu") * TFLOPS,
+        hbm_bytes=_num(g, "hbm_gib", source, "gpu") * GIB,
+        hbm_bandwidth_bytes_per_s=_num(g, "hbm_bandwidth_tb_s", source, "gpu") * 1e12,
+        matmul_efficiency=_curve(g.get("matmul_efficiency"), source, "gpu.matmul_efficiency"),
+        attention_efficiency=_num(g, "attention_efficiency", source, "gpu", maximum=1.0),
+        memory_bound_efficiency=_num(g, "memory_bound_efficiency", source, "gpu", maximum=1.0),
+        memory_reserve_bytes=_num(g, "memory_reserve_gib", source, "gpu", positive=False) * GIB,
+    )
+    node = data.get("node")
+    if not isinstance(node, dict):
+        raise PlannerError("missing or not an object", source=source, field="node")
+    gpn = node.get("gpus_per_node")
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        raise PlannerError(f"must be a positive integer, got {gpn!r}", source=source, field="node.gpus_per_node")
+    max_gpus = data.get("max_gpus", 0)
+    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 0:
+        raise PlannerError(f"must be a non-negative integer, got {max_gpus!r}", source=source, field="max_gpus")
+    return Cluster(
+        name=str(data.get("name", default_name)), gpu=gpu, gpus_per_node=gpn,
+        intra_node=_link(node.get("intra_node"), source, "node.intra_node"),
+        inter_node=_link(data.get("inter_node"), source, "inter_node"),
+        max_gpus=max_gpus, source=str(data.get("source", "")),
+    )
