@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.specs.model import _data_dir, read_json_file
+from planner.specs.model import _data_dir, _resolve, read_json_file
 
 GIB = 1024**3
 GB = 1e9
@@ -91,13 +91,8 @@ def shipped_clusters() -> list[str]:
 
 def load_cluster(name_or_path: str) -> Cluster:
     """Load a shipped profile by name or a profile JSON file by path."""
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists():
-        candidate = hardware_profiles_dir() / f"{name_or_path}.json"
-        if not candidate.exists():
-            raise PlannerError(f"unknown cluster '{name_or_path}'", source="--cluster",
-                               fix=f"use a profile path or one of: {', '.join(shipped_clusters())}")
-        path = candidate
+    path = _resolve(name_or_path, hardware_profiles_dir(), "--cluster", "cluster",
+                    f"use a profile path or one of: {', '.join(shipped_clusters())}")
     return cluster_from_dict(read_json_file(path, "hardware profile"), source=str(path), default_name=path.stem)
 
 

@@ -123,15 +123,36 @@ def read_json_file(path: Path, what: str) -> Any:
                            fix="fix the JSON syntax (truncated file?)")
 
 
+def _path_exists(path: Path) -> bool:
+    """``Path.exists`` that treats unusable names (too long, NUL bytes) as missing instead of raising."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _resolve(name_or_path: str, shipped_dir: Path, option: str, what: str, fix: str) -> Path:
+    """A path that exists, else a shipped file ``<name>.json`` (names may contain dots: ``llama-3.1-8b``).
+
+    A name that looks like neither a path nor a JSON file and is not shipped is an unknown name (option error);
+    anything else is left for ``read_json_file`` to report as a missing file."""
+    path = Path(name_or_path)
+    if not name_or_path.strip():
+        raise PlannerError(f"empty {what} name", source=option, fix=fix)
+    if _path_exists(path):
+        return path
+    candidate = shipped_dir / f"{name_or_path}.json"
+    if "/" not in name_or_path and _path_exists(candidate):
+        return candidate
+    if path.suffix != ".json" and "/" not in name_or_path:
+        raise PlannerError(f"unknown {what} '{name_or_path}'", source=option, fix=fix)
+    return path
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """Load a shipped model by name (a file in ``model_specs/``) or a Hugging Face ``config.json`` path."""
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists():
-        candidate = model_specs_dir() / f"{name_or_path}.json"
-        if not candidate.exists():
-            raise PlannerError(f"unknown model '{name_or_path}'", source="--model",
-                               fix=f"use a path to a config.json or one of: {', '.join(shipped_models())}")
-        path = candidate
+    path = _resolve(name_or_path, model_specs_dir(), "--model", "model",
+                    f"use a path to a config.json or one of: {', '.join(shipped_models())}")
     data = read_json_file(path, "model config.json")
     default_name = path.stem if path.name != "config.json" else (path.parent.name or "model")
     return model_from_config(data, source=str(path), default_name=default_name)
