@@ -41,10 +41,14 @@ class Op:
     bwd_ratio: float = GEMM_BWD_RATIO
     weight_grad_fraction: float = 0.5
     recomputed_by_selective: bool = False  # selective recompute redoes this op in backward
+    gemm_flops: float = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
 
 
-def _gemm(name: str, m: float, k: float, n: float) -> Op:
-    return Op(name, "gemm", flops=2.0 * m * k * n)
+def _gemm(name: str, m: float, k: float, n: float, batch: float = 1.0, **kw) -> Op:
+    """A (batch of) GEMM(s) of (m x k) by (k x n): 2mkn FLOPs each, and 2 bytes per element of A, B and C moved
+    over HBM at least once (the roofline's memory side, which bounds thin GEMMs such as per-head attention)."""
+    return Op(name, "gemm", flops=2.0 * m * k * n * batch, hbm_bytes=ACT_BYTES * (m * k + k * n + m * n) * batch,
+              gemm_flops=2.0 * m * k * n, **kw)
 
 
 def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
@@ -66,9 +70,15 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
         ops.append(Op("attention_core", "attention", flops=core_flops * 0.5, bwd_ratio=FLASH_ATTN_BWD_RATIO,
                       weight_grad_fraction=0.0, recomputed_by_selective=False))
     else:
-        # unfused attention: two batched GEMMs (QK^T and scores x V), timed like any GEMM of that size per head
-        ops.append(Op("attention_core", "gemm", flops=core_flops, weight_grad_fraction=0.0,
-                      recomputed_by_selective=True))
+        # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d);
+        # with head size d ~ 100 they are thin, so the roofline's memory side matters
+        heads = cfg.micro_batch_size * model.num_heads / t
+        d = model.head_size
+        s_q = cfg.seq_len / cp
+        qk = _gemm("attention_scores", s_q, d, s_kv, batch=heads, weight_grad_fraction=0.0,
+                   recomputed_by_selective=True)
+        ops.append(Op("attention_core", "gemm", flops=core_flops, hbm_bytes=2 * qk.hbm_bytes,
+                      gemm_flops=qk.gemm_flops, weight_grad_fraction=0.0, recomputed_by_selective=True))
         # scale-mask-softmax + dropout over the a*s*s score matrix: read 2 B, write 2 B, dropout read/write + mask
         per_score = (2 + 2 + 2 + 2 + 1) if model.dropout else (2 + 2)
         score_elems = T * s_kv * model.num_heads / t
@@ -94,8 +104,8 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
         k = 1
     # ---- memory-bound kernels (bytes moved per token, bf16) ---------------------------------------------------
     sp_div = t if cfg.sequence_parallel else 1
-    norm_elems = 2 * (2 if model.norm == "layernorm" else 1)  # read + write (+ bias pass for LayerNorm)
-    resid_elems = 3 + (1.5 if model.dropout else 0)  # read x, read residual, write (+ dropout mask / output)
+    norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
+    resid_elems = 3 + (0.5 if model.dropout else 0)  # fused bias-dropout-add: read x and residual, write; 1-B mask
     per_token_h = (2 * norm_elems + 2 * resid_elems) / sp_div  # two norms, two residual adds per layer
     ffn_width = (model.moe_ffn_hidden_size * k if moe else model.ffn_hidden_size) / t
     act_elems = (3 * ffn_width) if model.gated_mlp else (2 * ffn_width)  # SwiGLU: read 2f write f; GeLU: r+w
@@ -129,7 +139,9 @@ def head_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
 def op_time_s(op: Op, gpu: GPU) -> float:
     """Forward time of one operator: FLOPs / (peak x efficiency) for compute, bytes / (HBM BW x efficiency)."""
     if op.kind == "gemm":
-        return op.flops / (gpu.peak_flops * gpu.matmul_efficiency(op.flops))
+        # roofline: the slower of compute at the efficiency of this GEMM size and moving its operands over HBM
+        compute = op.flops / (gpu.peak_flops * gpu.matmul_efficiency(op.gemm_flops or op.flops))
+        return max(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
     if op.kind == "attention":
         return op.flops / (gpu.peak_flops * gpu.attention_efficiency)
     return op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)

@@ -22,10 +22,11 @@ from planner.specs.config import RunConfig, even_layer_split
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
 
-#: bytes of HBM traffic per parameter in a fused Adam step: read fp32 master weight, m, v and fp32 gradient
-#: (16 B), write master, m, v (12 B), write the bf16 weight copy (2 B), read the gradient once more for the
-#: gradient-norm clip (2 B of bf16); apex/Megatron multi-tensor Adam does exactly these passes.
-ADAM_BYTES_PER_PARAM = 32
+#: bytes of HBM traffic per parameter in Megatron's mixed-precision optimizer step (fp32 main gradients and
+#: master weights, Micikevicius et al. 2018): inf-check and gradient-norm passes read the fp32 gradient twice
+#: (8 B); fused Adam reads master weight, gradient, m and v (16 B) and writes master, m and v (12 B); the copy
+#: of the master weights into the bf16 model weights reads 4 B and writes 2 B.
+ADAM_BYTES_PER_PARAM = 8 + 16 + 12 + 6
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Estimate:
 class _LayerCost:
     pt: PassTimes
     tp_fwd_s: float
+    tp_bwd_s: float
     cp_fwd_s: float
     cp_bwd_s: float
     ep_fwd_s: float
@@ -119,18 +121,27 @@ def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm
     pt = pass_times(ops, gpu)
     T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
     h = model.hidden_size
-    # --- TP: Megatron: 2 all-reduces per layer forward (2 all-gathers + 2 reduce-scatters with SP), same backward
+    # --- TP (Megatron, Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2). Forward: 2 all-reduces
+    # per layer, or 2 all-gathers + 2 reduce-scatters with SP, all on the critical path. Backward: the column-
+    # parallel layers' collectives (the async input-gradient all-reduce; with SP the re-gather of the input and
+    # the gradient reduce-scatter) overlap their GEMMs; with SP the row-parallel layers' output-gradient
+    # all-gathers (2 per layer) stay exposed. Overlapped comm still costs the compute stream a fraction
+    # (gpu.comm_overlap_interference) of its duration.
     msg = T * h * ACT_BYTES
+    tp_fwd = tp_bwd = 0.0
     if cfg.tp > 1:
+        ag = comm.all_gather_s(cluster, groups.tp, msg)
         if cfg.sequence_parallel:
-            tp_fwd = 2 * (comm.all_gather_s(cluster, groups.tp, msg) + comm.reduce_scatter_s(cluster, groups.tp, msg))
+            tp_fwd = 2 * (ag + comm.reduce_scatter_s(cluster, groups.tp, msg))
+            exposed_bwd, overlapped_bwd = 2 * ag, 2 * ag + 2 * comm.reduce_scatter_s(cluster, groups.tp, msg)
         else:
             tp_fwd = 2 * comm.all_reduce_s(cluster, groups.tp, msg)
+            exposed_bwd, overlapped_bwd = 0.0, tp_fwd
+        tp_bwd = exposed_bwd + overlapped_bwd * gpu.comm_overlap_interference
         if cfg.tp_comm_overlap:
-            gemm_fwd = sum(op_time_s(o, gpu) for o in ops if o.kind == "gemm")
-            tp_fwd = max(0.0, tp_fwd - gemm_fwd)
-    else:
-        tp_fwd = 0.0
+            gemm_fwd = sum(op_time_s(o, gpu) for o in ops if o.kind == "gemm" and o.name != "attention_core")
+            hidden = min(tp_fwd, gemm_fwd)
+            tp_fwd = tp_fwd - hidden + hidden * gpu.comm_overlap_interference
     # --- CP
     cp_fwd = cp_bwd = 0.0
     attn = [o for o in ops if o.name == "attention_core"][0]
@@ -158,7 +169,7 @@ def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm
         ep_fwd = 2 * comm.all_to_all_s(cluster, groups.ep, dispatch)
     rec_flops = sum(o.flops for o in ops if o.recomputed_by_selective)
     return _LayerCost(
-        pt=pt, tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, ep_fwd_s=ep_fwd,
+        pt=pt, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, ep_fwd_s=ep_fwd,
         act_bytes=activation_bytes_per_layer(model, cfg, "selective" if cfg.recompute == "selective" else "none",
                                              moe),
         act_full_bytes=activation_bytes_per_layer(model, cfg, "full", moe),
@@ -202,9 +213,15 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     starts = [sum(layers[:j]) for j in range(len(layers))]
     sched = get_schedule(cfg.schedule)
     T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
-    sp = cfg.tp if cfg.sequence_parallel else 1
-    p2p_bytes = T * model.hidden_size * ACT_BYTES / sp
-    p2p_one = comm.p2p_s(groups.pp_link, p2p_bytes) if p > 1 else 0.0
+    # Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends only 1/t of the
+    # boundary activation across the pipeline link and the receiver all-gathers it over NVLink (none with SP, where
+    # the tensor is already split along the sequence)
+    p2p_bytes = T * model.hidden_size * ACT_BYTES / cfg.tp
+    p2p_one = 0.0
+    if p > 1:
+        p2p_one = comm.p2p_s(groups.pp_link, p2p_bytes)
+        if cfg.tp > 1 and not cfg.sequence_parallel:
+            p2p_one += comm.all_gather_s(cluster, groups.tp, T * model.hidden_size * ACT_BYTES)
     emb_pt = pass_times(embedding_ops(model, cfg), gpu)
     head_pt = pass_times(head_ops(model, cfg), gpu)
     head_tp = 0.0
@@ -235,7 +252,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                 full_here = min(count, n_full)
                 n_full -= full_here
                 comm_f = lc.tp_fwd_s + lc.cp_fwd_s + lc.ep_fwd_s
-                comm_b = lc.tp_fwd_s + lc.cp_bwd_s + lc.ep_fwd_s
+                comm_b = lc.tp_bwd_s + lc.cp_bwd_s + lc.ep_fwd_s
                 sel = count * lc.pt.selective_recompute_s if cfg.recompute == "selective" else 0.0
                 fwd += count * (lc.pt.fwd_s + comm_f)
                 bwd_in += count * (lc.pt.bwd_input_s + comm_b)
@@ -243,7 +260,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                 rec += sel + full_here * (lc.pt.fwd_s + comm_f)
                 comp += count * (lc.pt.fwd_s + lc.pt.bwd_s)
                 rec_comp += sel + full_here * lc.pt.fwd_s
-                tpc += (2 * count + full_here) * lc.tp_fwd_s
+                tpc += (count + full_here) * lc.tp_fwd_s + count * lc.tp_bwd_s
                 cpc += count * (lc.cp_fwd_s + lc.cp_bwd_s) + full_here * lc.cp_fwd_s
                 epc += (2 * count + full_here) * lc.ep_fwd_s
                 rflops += count * lc.recompute_flops + full_here * lc.fwd_flops

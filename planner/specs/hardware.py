@@ -19,6 +19,9 @@ GIB = 1024**3
 GB = 1e9
 TFLOPS = 1e12
 US = 1e-6
+#: largest number accepted in a profile, in the unit its key names: no real TFLOP/s, GiB, GB/s, TB/s or us value
+#: comes near it, and larger ones overflow to infinity once converted to SI units
+MAX_PROFILE_NUMBER = 1e12
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class GPU:
     attention_efficiency: float  # fraction of peak reached by the fused attention kernel (score + value GEMMs)
     memory_bound_efficiency: float  # fraction of HBM bandwidth reached by elementwise / norm kernels
     memory_reserve_bytes: float  # CUDA context, NCCL buffers, allocator fragmentation
+    #: fraction of an overlapped collective's duration that still lands on the compute stream (SMs the
+    #: communication kernels take from the concurrent GEMM)
+    comm_overlap_interference: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,12 @@ def _num(d: Any, key: str, source: str, section: str, *, positive: bool = True, 
         raise PlannerError("missing required field", source=source, field=f"{section}.{key}",
                            fix="see hardware_profiles/README.md for the format")
     value = d[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            isinstance(value, float) and not math.isfinite(value):
         raise PlannerError(f"must be a number, got {value!r}", source=source, field=f"{section}.{key}")
+    if abs(value) > MAX_PROFILE_NUMBER:
+        raise PlannerError(f"must be <= {MAX_PROFILE_NUMBER:g}, got {value!r:.40}", source=source,
+                           field=f"{section}.{key}", fix="values are in the unit the key names (TFLOP/s, GiB, GB/s)")
     if positive and value <= 0 or not positive and value < 0:
         raise PlannerError(f"must be {'> 0' if positive else '>= 0'}, got {value}", source=source,
                            field=f"{section}.{key}")
@@ -135,7 +145,7 @@ def _curve(d: Any, source: str, section: str) -> EfficiencyCurve:
     xs, ys = [], []
     for i, p in enumerate(pts):
         if (not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                              for v in p) or p[0] <= 0 or not 0 < p[1] <= 1):
+                                                              for v in p) or not 0 < p[0] <= MAX_PROFILE_NUMBER or not 0 < p[1] <= 1):
             raise PlannerError(f"point {i} must be [gemm_gflop > 0, efficiency in (0, 1]], got {p!r}",
                                source=source, field=f"{section}.points")
         xs.append(math.log10(p[0] * 1e9))
@@ -160,6 +170,8 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         attention_efficiency=_num(g, "attention_efficiency", source, "gpu", maximum=1.0),
         memory_bound_efficiency=_num(g, "memory_bound_efficiency", source, "gpu", maximum=1.0),
         memory_reserve_bytes=_num(g, "memory_reserve_gib", source, "gpu", positive=False) * GIB,
+        comm_overlap_interference=_num(g, "comm_overlap_interference", source, "gpu", positive=False, maximum=1.0,
+                                       default=0.0),
     )
     node = data.get("node")
     if not isinstance(node, dict):
