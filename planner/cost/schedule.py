@@ -1,13 +1,29 @@
 """Pipeline schedules: step time from per-rank micro-batch times, in-flight activations, and each schedule's rules.
 
-Closed forms (stage ranks r = 0..p-1, per-micro-batch time of rank r t_r = F_r + B_r + W_r, m micro-batches,
-v model chunks per rank):
-* GPipe and 1F1B (Narayanan et al. 2021, Sec. 2.2): T = (m - 1) max_r t_r + sum_r t_r; with equal stages this is
-  (m + p - 1) t, a bubble fraction (p - 1)/m of the ideal m t.
-* Interleaved 1F1B: the fill and drain walk one chunk (t_r / v) per rank: T = m max_r t_r + (sum_r t_r - max)/v,
-  a bubble fraction (p - 1)/(v m) for equal stages.
+Each schedule gives (a) a closed-form step time from per-rank F (forward), B (input gradient, incl. recompute) and
+W (weight gradient) times per micro-batch, P2P folded into F and B by the caller; (b) the activations a rank holds
+at its peak; (c) the constraints it needs; (d) each rank's op order, which :mod:`planner.cost.simulate` plays to
+check (a) and (b) and to time unequal stages exactly.
+
+Notation: p ranks r = 0..p-1, m micro-batches, v model chunks per rank, t_r = F_r + B_r + W_r (all chunks).
+Closed forms (exact for equal stages, checked against the simulator in ``tests/test_schedule.py``):
+* GPipe and 1F1B (Narayanan et al. 2021, Sec. 2.2): T = (m - 1) max_r t_r + sum_r t_r; equal stages:
+  (m + p - 1) t, a bubble fraction (p - 1)/m.
+* Interleaved 1F1B and breadth-first (Narayanan et al. 2021 Sec. 2.2; Lamy-Poirier 2022 Sec. 3): the fill and
+  drain walk one chunk (t_r / v) per rank: T = m max_r t_r + (sum_r t_r - max)/v, a bubble fraction
+  (p - 1)/(v m).
+* ZB-H1 (Qi et al. 2023, Sec. 3.1): B's travel back without their W's, which fill the drain:
+  T = m t + (p - 1)(F + B - W), the paper's bubble (p - 1)(T_F + T_B - T_W).
+* ZB-H2 (Qi et al. 2023, Sec. 3.1): 2p - 1 warm-up forwards fill the first rank's wait, deferred W's the drain:
+  T = m t + (p - 1)(F + max(0, B - 2W)). The paper's zero bubble also needs its post-validation of the optimizer
+  step (iterations overlap, hiding the last rank's (p - 1) F wait); with a synchronous optimizer step that wait
+  stays, so with F = B = W ZB-H2 times like ZB-H1 and only gains where B > 2W - F.
+The zero-bubble forms are exact (against the simulator's W placement) when W <= min(F, B), which every real layer
+satisfies (W is half of the GEMM backward; B the other half plus attention backward and recomputation); for
+unequal stages all forms are within about 10% of the simulator (``tests/test_schedule.py`` measures it).
 In-flight micro-batches (activations held), in units of one micro-batch through all of a rank's layers:
-* GPipe holds all m; 1F1B's rank r holds min(p - r, m) (Narayanan et al. 2021);
+* GPipe and breadth-first hold all m; 1F1B's rank r holds min(p - r, m) (Narayanan et al. 2021); counting a
+  micro-batch until its W, ZB-H1 holds min(p, m) on every rank (Qi et al.: 1F1B's peak), ZB-H2 min(2p - 1, m);
 * interleaved rank r warms up (p - r - 1) * 2 + (v - 1) * p + 1 chunk-micro-batches (Megatron's schedule),
   i.e. rank 0 holds p (1 + (p - 1)/(p v)) micro-batches' worth, Korthikanti et al. 2022 Sec. 4.2.3 (where the
   paper's "m" is the number of interleaved chunks).
@@ -18,11 +34,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+Op = tuple[str, int, int]  # (kind "F" | "B", micro-batch, chunk)
+
 
 @dataclass(frozen=True)
 class PipelineTime:
     total_s: float  # from the first forward to the last backward of the step
     bubble_s: float  # total - m x (busiest rank's per-micro-batch time)
+
+
+def _default_stage_index(p: int, v: int, rank: int, chunk: int) -> int:
+    """Megatron's placement: model stage j = chunk * p + rank."""
+    return chunk * p + rank
 
 
 @dataclass(frozen=True)
@@ -36,22 +59,73 @@ class Schedule:
     #: (p, m, v) -> reason the schedule cannot run, or None
     check: Callable[[int, int, int], str | None]
     supports_vpp: bool = False
+    #: (p, m, v, rank) -> the rank's F / B op order (played by planner.cost.simulate)
+    order: Callable[[int, int, int, int], list[Op]] | None = None
+    #: (p, v, rank, chunk) -> model-order stage index of that chunk
+    stage_index: Callable[[int, int, int, int], int] = _default_stage_index
+    #: weight gradients deferred (zero-bubble) rather than run with B
+    defer_w: bool = False
+    #: (p, m, v, rank) -> chunk-micro-batches a rank may hold before it must run a deferred W
+    w_cap: Callable[[int, int, int, int], int] | None = None
+    #: ZeRO-3 / FSDP gathers each chunk's weights once per step (all micro-batches run a chunk back to back)
+    zero3_gathers_once_per_step: bool = False
+    #: the schedule's name in torch.distributed.pipelining (torchtitan ``pipeline_parallel_schedule``), if any
+    torch_name: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Closed-form step times
+# ---------------------------------------------------------------------------------------------------------------
+def _totals(f: Sequence[float], b: Sequence[float], w: Sequence[float]) -> list[float]:
+    return [fi + bi + wi for fi, bi, wi in zip(f, b, w)]
 
 
 def _flush_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
-    t = [fi + bi + wi for fi, bi, wi in zip(f, b, w)]
+    """GPipe / 1F1B, Narayanan et al. 2021 Sec. 2.2: (m - 1) max t + sum t; (m + p - 1) t for equal stages."""
+    t = _totals(f, b, w)
     tmax = max(t)
     total = (m - 1) * tmax + sum(t)
     return PipelineTime(total, total - m * tmax)
 
 
 def _interleaved_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
-    t = [fi + bi + wi for fi, bi, wi in zip(f, b, w)]
+    """Interleaved 1F1B / breadth-first, Narayanan et al. 2021 Sec. 2.2: bubble (p - 1)/(v m) of m t."""
+    t = _totals(f, b, w)
     tmax = max(t)
     total = m * tmax + (sum(t) - tmax) / v
     return PipelineTime(total, total - m * tmax)
 
 
+def _zb_h1_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+    """ZB-H1, Qi et al. 2023 Sec. 3.1: bubble (p - 1)(F + B - W) against 1F1B's (p - 1)(F + B + W).
+
+    Per-rank form: the fill walks the other ranks' F, the drain their B, each less the W that fills its slot:
+    T = m max t + sum_{r != bottleneck} (F_r + B_r - W_r).
+    """
+    t = _totals(f, b, w)
+    k = t.index(max(t))
+    edge = sum(f[r] + b[r] - min(w[r], f[r], b[r]) for r in range(len(t)) if r != k)
+    total = m * t[k] + edge
+    return PipelineTime(total, total - m * t[k])
+
+
+def _zb_h2_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+    """ZB-H2, Qi et al. 2023 Sec. 3.1: 2p - 1 warm-up forwards fill the start and deferred W's the end, which
+    leaves the last rank's wait for its first input, (p - 1) F, plus (p - 1) max(0, B - 2W) where W's are too
+    short to cover the drain. Per-rank form: T = m max t + sum_{r != bottleneck} (F_r + max(0, B_r - 2 W_r)).
+    Without Qi et al.'s post-validation of the optimizer step (which lets iterations overlap) the (p - 1) F fill
+    stays: this is the step time a synchronous optimizer step sees.
+    """
+    t = _totals(f, b, w)
+    k = t.index(max(t))
+    edge = sum(f[r] + max(0.0, b[r] - 2 * min(w[r], f[r], b[r])) for r in range(len(t)) if r != k)
+    total = m * t[k] + edge
+    return PipelineTime(total, total - m * t[k])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# In-flight activations
+# ---------------------------------------------------------------------------------------------------------------
 def _gpipe_inflight(p: int, m: int, v: int, rank: int) -> float:
     return float(m)
 
@@ -60,13 +134,89 @@ def _1f1b_inflight(p: int, m: int, v: int, rank: int) -> float:
     return float(min(p - rank, m))
 
 
+def _zb_h1_inflight(p: int, m: int, v: int, rank: int) -> float:
+    """Deferred W's keep a micro-batch's activations until its W: every rank may reach 1F1B's first-rank peak p
+    (Qi et al. 2023 Sec. 3.1 cap ZB-H1 at "the same peak memory as 1F1B"; the simulator reaches it on ranks
+    1..p-1 too, since their W's wait for the drain)."""
+    return float(min(p, m))
+
+
+def _zb_h2_inflight(p: int, m: int, v: int, rank: int) -> float:
+    """ZB-H2 holds up to 2p - 1 micro-batches (Qi et al. 2023 Sec. 3.1), on every rank for the same reason."""
+    return float(min(2 * p - 1, m))
+
+
 def _interleaved_inflight(p: int, m: int, v: int, rank: int) -> float:
     chunks = min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
     return chunks / v
 
 
-def _no_vpp(p: int, m: int, v: int) -> str | None:
-    return "needs --vpp 1 (use interleaved-1f1b for virtual stages)" if v != 1 else None
+# ---------------------------------------------------------------------------------------------------------------
+# Op orders (what each rank runs, in order)
+# ---------------------------------------------------------------------------------------------------------------
+def _one_f_one_b(m: int, warmup: int) -> list[Op]:
+    """``warmup`` forwards, then alternate one forward and one backward, then the remaining backwards."""
+    w = min(warmup, m)
+    ops: list[Op] = [("F", i, 0) for i in range(w)]
+    for i in range(m - w):
+        ops += [("F", w + i, 0), ("B", i, 0)]
+    ops += [("B", i, 0) for i in range(m - w, m)]
+    return ops
+
+
+def _gpipe_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+
+
+def _1f1b_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    return _one_f_one_b(m, p - rank - 1)
+
+
+def _zb_h2_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    return _one_f_one_b(m, 2 * (p - rank) - 2)
+
+
+def _interleaved_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    """Megatron's interleaved schedule: micro-batches in groups of p, each group through chunk 0, 1, ... forward
+    and v-1, ..., 0 backward; (p - r - 1) * 2 + (v - 1) * p warm-up forwards."""
+    total = m * v
+
+    def op(kind: str, k: int) -> Op:
+        group, within = divmod(k, p * v)
+        c = within // p
+        return (kind, group * p + within % p, c if kind == "F" else v - 1 - c)
+
+    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    ops = [op("F", k) for k in range(warm)]
+    for i in range(total - warm):
+        ops += [op("F", warm + i), op("B", i)]
+    ops += [op("B", k) for k in range(total - warm, total)]
+    return ops
+
+
+def _bfs_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    """Breadth-first (looped) schedule, Lamy-Poirier 2022: every micro-batch through chunk 0, then chunk 1, ...;
+    backward the same in reverse chunk order."""
+    ops: list[Op] = [("F", i, c) for c in range(v) for i in range(m)]
+    ops += [("B", i, c) for c in reversed(range(v)) for i in range(m)]
+    return ops
+
+
+def _1f1b_cap(p: int, m: int, v: int, rank: int) -> int:
+    return p
+
+
+def _zb_h2_cap(p: int, m: int, v: int, rank: int) -> int:
+    return 2 * p - 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Constraints
+# ---------------------------------------------------------------------------------------------------------------
+def _no_vpp(name: str) -> Callable[[int, int, int], str | None]:
+    def check(p: int, m: int, v: int) -> str | None:
+        return f"{name} needs --vpp 1 (use interleaved-1f1b or bfs for virtual stages)" if v != 1 else None
+    return check
 
 
 def _interleaved_check(p: int, m: int, v: int) -> str | None:
@@ -79,13 +229,44 @@ def _interleaved_check(p: int, m: int, v: int) -> str | None:
     return None
 
 
+def _bfs_check(p: int, m: int, v: int) -> str | None:
+    if p < 2:
+        return "bfs needs pipeline parallelism (pp >= 2)"
+    if m < p:
+        return f"bfs needs at least pp ({p}) micro-batches per step, got {m} (fewer leave ranks idle between chunks)"
+    return None
+
+
+def _zb_check(name: str, min_microbatches: Callable[[int], int]) -> Callable[[int, int, int], str | None]:
+    def check(p: int, m: int, v: int) -> str | None:
+        if v != 1:
+            return f"{name} needs --vpp 1"
+        if p < 2:
+            return f"{name} needs pipeline parallelism (pp >= 2)"
+        if m < min_microbatches(p):
+            return (f"{name} needs at least {min_microbatches(p)} micro-batches per step with pp={p} to fill its "
+                    f"warm-up, got {m}")
+        return None
+    return check
+
+
 SCHEDULES: dict[str, Schedule] = {
     "gpipe": Schedule("gpipe", "all forwards, then all backwards (Huang et al. 2019)", _flush_time,
-                      _gpipe_inflight, _no_vpp),
+                      _gpipe_inflight, _no_vpp("gpipe"), order=_gpipe_order, torch_name="GPipe"),
     "1f1b": Schedule("1f1b", "one-forward-one-backward, PipeDream-Flush (Narayanan et al. 2021)", _flush_time,
-                     _1f1b_inflight, _no_vpp),
+                     _1f1b_inflight, _no_vpp("1f1b"), order=_1f1b_order, torch_name="1F1B"),
     "interleaved-1f1b": Schedule("interleaved-1f1b", "1F1B over v model chunks per rank (Narayanan et al. 2021)",
-                                 _interleaved_time, _interleaved_inflight, _interleaved_check, supports_vpp=True),
+                                 _interleaved_time, _interleaved_inflight, _interleaved_check, supports_vpp=True,
+                                 order=_interleaved_order, torch_name="Interleaved1F1B"),
+    "zb-h1": Schedule("zb-h1", "zero-bubble H1: W deferred into the drain, 1F1B memory (Qi et al. 2023)",
+                      _zb_h1_time, _zb_h1_inflight, _zb_check("zb-h1", lambda p: p), order=_1f1b_order, defer_w=True,
+                      w_cap=_1f1b_cap),
+    "zb-h2": Schedule("zb-h2", "zero-bubble H2: extra warm-up forwards, about twice 1F1B's memory (Qi et al. 2023)",
+                      _zb_h2_time, _zb_h2_inflight, _zb_check("zb-h2", lambda p: 2 * p - 1), order=_zb_h2_order, defer_w=True,
+                      w_cap=_zb_h2_cap),
+    "bfs": Schedule("bfs", "breadth-first looped schedule for sharded data parallelism (Lamy-Poirier 2022)",
+                    _interleaved_time, _gpipe_inflight, _bfs_check, supports_vpp=True, order=_bfs_order,
+                    zero3_gathers_once_per_step=True, torch_name="LoopedBFS"),
 }
 
 
