@@ -1,0 +1,50 @@
+"""`planner estimate` through typer's runner."""
+
+import json
+
+import pytest
+
+from typer.testing import CliRunner
+
+from planner.cli import app
+
+runner = CliRunner()
+BASE = ["estimate", "--model", "gpt3-175b", "--cluster", "a100-80gb-sxm", "--gpus", "1024", "--tp", "8", "--pp", "8",
+        "--global-batch", "1536", "--micro-batch", "1", "--seq-len", "2048"]
+
+
+def test_estimate_json_has_the_documented_fields():
+    r = runner.invoke(app, BASE + ["--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    est = d["estimate"]
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_gib", "fits", "breakdown"):
+        assert key in est
+    assert d["parallelism"] == {"tp": 8, "pp": 8, "dp": 16, "cp": 1, "ep": 1, "vpp": 1, "sequence_parallel": True,
+                                "zero_stage": 1, "cp_kind": "ring"}
+    assert d["batch"] == {"global_batch_size": 1536, "micro_batch_size": 1, "num_microbatches": 96, "seq_len": 2048}
+    assert d["schema_version"]
+    # the breakdown adds up to the step time
+    assert sum(est["breakdown"].values()) == pytest.approx(est["step_time_s"], rel=1e-9)
+    # throughput and MFU are consistent with the step time
+    assert est["tokens_per_s"] * est["step_time_s"] == pytest.approx(1536 * 2048, rel=1e-9)
+    assert 0.2 < est["mfu"] < 0.7
+
+
+def test_estimate_table_output():
+    r = runner.invoke(app, BASE + ["--schedule", "interleaved-1f1b", "--vpp", "3", "--recompute", "full"])
+    assert r.exit_code == 0, r.output
+    assert "Step time breakdown" in r.stdout and "pipeline bubble" in r.stdout
+    assert "Per pipeline rank" in r.stdout
+
+
+def test_estimate_rejects_an_invalid_degree_with_one_line():
+    r = runner.invoke(app, BASE[:-2] + ["2048", "--tp", "3"])
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output
+
+
+def test_validate_command_prints_errors():
+    r = runner.invoke(app, ["validate"])
+    assert r.exit_code == 0, r.output
+    assert "korthikanti2022_table5: mean |error|" in r.stdout

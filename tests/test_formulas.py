@@ -1,0 +1,153 @@
+"""Every formula of the foundation pinned to a published number."""
+
+import math
+
+import pytest
+
+from planner.cost import comm
+from planner.cost.compute import (gpt_full_recompute_flops_eq3, gpt_model_flops_eq7, gpt_selective_hardware_flops_eq8,
+                                  model_flops_per_step)
+from planner.cost.memory import (activation_bytes_per_layer, active_params, gpt_params_eq2, korthikanti_table2,
+                                 model_state_bytes, StageParams, total_params)
+from planner.specs.config import RunConfig
+from planner.specs.hardware import Cluster, Link, load_cluster
+from planner.specs.model import load_model, model_from_config
+
+
+def gpt(h, L, a, V=51200, s=2048):
+    return model_from_config({"model_type": "gpt2", "n_embd": h, "n_layer": L, "n_head": a, "vocab_size": V,
+                              "n_positions": s})
+
+
+# ---- parameters -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,published", [
+    ("llama-3.1-8b", 8_030_261_248),     # HF model card / safetensors index total
+    ("llama-3.1-70b", 70_553_706_496),
+    ("llama-3.1-405b", 405_853_388_800),
+])
+def test_llama_parameter_counts_match_published(name, published):
+    assert total_params(load_model(name)) == published
+
+
+@pytest.mark.parametrize("h,L,a,published_b", [
+    (6144, 48, 64, 22.0), (12288, 96, 96, 175.0), (20480, 105, 128, 529.6), (25600, 128, 160, 1008.0),
+    (2304, 24, 24, 1.7), (8192, 48, 64, 39.1), (16384, 96, 128, 310.1),
+])
+def test_gpt_parameters_follow_eq2_and_the_published_sizes(h, L, a, published_b):
+    m = gpt(h, L, a)
+    n = total_params(m, 2048)
+    # Eq. 2 leaves out the final LayerNorm (2h parameters); everything else is the same count
+    assert n - 2 * h == pytest.approx(gpt_params_eq2(L, h, 51200, 2048), rel=1e-12)
+    assert n / 1e9 == pytest.approx(published_b, rel=0.03)
+
+
+def test_mixtral_active_vs_total_parameters():
+    m = load_model("mixtral-8x7b")
+    assert total_params(m) / 1e9 == pytest.approx(46.7, abs=0.05)
+    assert active_params(m) / 1e9 == pytest.approx(12.9, abs=0.05)
+
+
+# ---- activations: Korthikanti et al. 2022 Table 2 -----------------------------------------------------------------
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("b,s", [(1, 2048), (4, 2048), (2, 4096)])
+def test_activation_bytes_reduce_to_table2_for_gpt(t, b, s):
+    h, a = 6144, 64
+    m = gpt(h, 48, a, s=s)
+
+    def act(sp, rec):
+        cfg = RunConfig(num_gpus=t, tp=t, micro_batch_size=b, seq_len=s, sequence_parallel=sp, recompute=rec,
+                        flash_attention=False)
+        return activation_bytes_per_layer(m, cfg)
+
+    assert act(False, "none") == pytest.approx(korthikanti_table2(s, b, h, a, t, "tp"))
+    assert act(True, "none") == pytest.approx(korthikanti_table2(s, b, h, a, t, "tp_sp"))
+    assert act(False, "selective") == pytest.approx(korthikanti_table2(s, b, h, a, t, "tp_selective"))
+    assert act(True, "selective") == pytest.approx(korthikanti_table2(s, b, h, a, t, "tp_sp_selective"))
+    assert act(False, "full") == pytest.approx(korthikanti_table2(s, b, h, a, t, "full"))
+    if t == 1:
+        assert act(False, "none") == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+
+
+def test_korthikanti_table3_memory_175b_first_stage():
+    """Korthikanti Sec. 4.2.3: 175B, TP 8 PP 8, s 2048, b 1: first-stage activations with TP+SP+selective are
+    (s b h L / t) * 34 over the p in-flight micro-batches (L/p layers each), i.e. 34 s b h L / t bytes."""
+    s, b, h, L, t = 2048, 1, 12288, 96, 8
+    m = gpt(h, L, 96)
+    cfg = RunConfig(num_gpus=64, tp=t, pp=8, micro_batch_size=b, seq_len=s, sequence_parallel=True,
+                    recompute="selective", flash_attention=False)
+    per_layer = activation_bytes_per_layer(m, cfg)
+    assert per_layer * (L // 8) * 8 == pytest.approx(34 * s * b * h * L / t)
+    # 34 * 2048 * 12288 * 96 / 8 bytes = 9.6 GiB
+    assert per_layer * L / 2**30 == pytest.approx(9.56, abs=0.01)
+
+
+# ---- FLOPs: Narayanan Eq. 3, Korthikanti Eq. 7 / 8 and the published MFU / HFU -------------------------------------
+@pytest.mark.parametrize("h,L,a", [(6144, 48, 64), (12288, 96, 96), (20480, 105, 128), (25600, 128, 160)])
+def test_model_flops_equal_eq7_for_gpt(h, L, a):
+    m = gpt(h, L, a)
+    assert model_flops_per_step(m, 64, 2048) == pytest.approx(gpt_model_flops_eq7(64, 2048, L, h, 51200), rel=1e-12)
+
+
+@pytest.mark.parametrize("h,L,gpus,B,t_s,mfu,hfu", [
+    (6144, 48, 8, 4, 1.10, 0.415, 0.437),
+    (12288, 96, 64, 64, 13.75, 0.514, 0.528),
+    (20480, 105, 280, 280, 37.83, 0.560, 0.570),
+    (25600, 128, 512, 512, 71.49, 0.563, 0.570),
+])
+def test_eq7_eq8_reproduce_korthikanti_table5_mfu_hfu(h, L, gpus, B, t_s, mfu, hfu):
+    peak = 312e12
+    assert gpt_model_flops_eq7(B, 2048, L, h, 51200) / (t_s * gpus * peak) == pytest.approx(mfu, abs=0.004)
+    assert gpt_selective_hardware_flops_eq8(B, 2048, L, h, 51200) / (t_s * gpus * peak) == pytest.approx(hfu, abs=0.004)
+
+
+def test_eq3_is_eq7_plus_one_forward_of_the_layers():
+    """Eq. 3 (full recompute) = Eq. 7 + one more forward of the transformer layers (not of the LM head, 6BshV)."""
+    B, s, L, h, V = 8, 2048, 24, 2304, 51200
+    eq7 = gpt_model_flops_eq7(B, s, L, h, V)
+    head = 6 * B * s * h * V
+    assert gpt_full_recompute_flops_eq3(B, s, L, h, V) == pytest.approx(eq7 + (eq7 - head) / 3, rel=1e-12)
+
+
+# ---- model states: ZeRO ------------------------------------------------------------------------------------------
+def test_zero_paper_7_5b_on_64_gpus():
+    """Rajbhandari et al. 2020 Fig. 1: 7.5B parameters, Nd = 64: 120 GB baseline, 31.4 GB P_os, 16.6 GB P_os+g,
+    1.9 GB P_os+g+p."""
+    p = StageParams(dense=7.5e9, expert=0.0, largest_layer=0.0)
+    gb = [sum(model_state_bytes(p, z, 64, 64).values()) / 1e9 for z in (0, 1, 2, 3)]
+    assert gb == pytest.approx([120.0, 31.4, 16.6, 1.875], abs=0.1)
+
+
+# ---- collectives -------------------------------------------------------------------------------------------------
+def _toy_cluster(intra_gb_s=100.0, inter_gb_s=10.0, gpn=8):
+    a100 = load_cluster("a100-80gb-sxm")
+    return Cluster("toy", a100.gpu, gpn, Link("nv", intra_gb_s * 1e9, 0.0, 1.0), Link("ib", inter_gb_s * 1e9, 0.0, 1.0))
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_collectives_inside_a_node(n):
+    c = _toy_cluster()
+    g = comm.place_group(n, 1, 8)
+    M = 1e9
+    assert not g.spans_nodes
+    assert comm.all_reduce_s(c, g, M) == pytest.approx(2 * (n - 1) / n * M / 100e9)
+    assert comm.reduce_scatter_s(c, g, M) == pytest.approx((n - 1) / n * M / 100e9)
+    assert comm.all_gather_s(c, g, M) == pytest.approx((n - 1) / n * M / 100e9)
+    assert comm.all_to_all_s(c, g, M) == pytest.approx((n - 1) / n * M / 100e9)
+
+
+def test_group_spanning_nodes_is_limited_by_the_nic():
+    c = _toy_cluster()
+    M = 1e9
+    one_per_node = comm.place_group(16, 8, 8)  # DP group with TP 8 inside the node: one member per node
+    assert one_per_node.spans_nodes and one_per_node.members_per_node == 1
+    assert comm.all_reduce_s(c, one_per_node, M) == pytest.approx(2 * 15 / 16 * M / 10e9)
+    four_per_node = comm.place_group(16, 2, 8)  # 4 members per node: 4 NICs' worth of ring bandwidth
+    assert comm.all_reduce_s(c, four_per_node, M) == pytest.approx(2 * 15 / 16 * M / 40e9)
+    assert comm.p2p_s(c.inter_node, M) == pytest.approx(M / 10e9)
+
+
+def test_latency_term_per_ring_step():
+    a100 = load_cluster("a100-80gb-sxm")
+    c = Cluster("toy", a100.gpu, 8, Link("nv", 1e12, 5e-6, 1.0), Link("ib", 1e11, 1e-5, 1.0))
+    g = comm.place_group(8, 1, 8)
+    assert comm.all_reduce_s(c, g, 1.0) == pytest.approx(2 * 7 / 8 / 1e12 + 2 * 7 * 5e-6)

@@ -1,0 +1,65 @@
+"""Accuracy against the public validation set (issue 2 acceptance), measured by running the model."""
+
+import statistics
+
+import pytest
+
+from planner.cost import comm
+from planner.cost.step import _layer_cost
+from planner.specs.config import RunConfig
+from planner.specs.hardware import load_cluster
+from planner.specs.model import load_model
+from planner.validation import validate
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return validate()
+
+
+def _errors(rows, table):
+    return [abs(r.error) for r in rows if r.table == table]
+
+
+def test_korthikanti_table5_all_eight_iteration_times(rows):
+    errs = _errors(rows, "korthikanti2022_table5")
+    assert len(errs) == 8
+    assert statistics.mean(errs) <= 0.03
+    assert max(errs) <= 0.06
+
+
+def test_narayanan_table1_throughput(rows):
+    errs = _errors(rows, "narayanan2021_table1")
+    assert len(errs) == 10
+    assert statistics.mean(errs) <= 0.05
+    assert max(errs) <= 0.10
+
+
+def test_selective_recompute_is_faster_than_full_as_published(rows):
+    by_id = {r.id: r for r in rows}
+    for size in ("22B", "175B", "530B", "1T"):
+        full = by_id[f"korthikanti-t5-{size}-full"]
+        sel = by_id[f"korthikanti-t5-{size}-selective"]
+        # Korthikanti et al. report 29-31% shorter iterations with SP + selective recompute
+        assert 0.20 <= 1 - sel.estimated / full.estimated <= 0.35
+
+
+@pytest.mark.parametrize("sp,recompute,fwd_ms,bwd_ms", [
+    (False, "none", 7.7, 11.9), (True, "none", 7.2, 11.8), (False, "full", 7.7, 19.5),
+    (False, "selective", 7.7, 13.2), (True, "selective", 7.2, 13.1),
+])
+def test_korthikanti_table4_single_layer_times(sp, recompute, fwd_ms, bwd_ms):
+    """Korthikanti Table 4: one 22B layer (TP 8, b 4, s 2048). The A100 profile is scaled for whole iterations
+    (see its matmul_efficiency.source), so single-layer kernels come out a few per cent slow: within 12%."""
+    model, cluster = load_model("megatron-gpt-22b"), load_cluster("a100-80gb-sxm")
+    cfg = RunConfig(num_gpus=8, tp=8, global_batch_size=4, micro_batch_size=4, seq_len=2048, sequence_parallel=sp,
+                    recompute=recompute, flash_attention=False, zero_stage=0)
+    lc = _layer_cost(model, cluster, cfg, comm.groups_for(cluster, 8, 1, 1, 1), False)
+    fwd = lc.pt.fwd_s + lc.tp_fwd_s
+    bwd = lc.pt.bwd_s + lc.tp_bwd_s
+    if recompute == "full":
+        bwd += fwd
+    elif recompute == "selective":
+        bwd += lc.pt.selective_recompute_s
+    assert fwd * 1e3 == pytest.approx(fwd_ms, rel=0.12)
+    assert bwd * 1e3 == pytest.approx(bwd_ms, rel=0.12)
