@@ -22,6 +22,7 @@ class ValidationRow:
     metric: str
     measured: float
     estimated: float
+    heldout: bool = False  # never used to fit a constant
 
     @property
     def error(self) -> float:
@@ -36,7 +37,10 @@ def load_runs(path: Path = RUNS_FILE) -> list[dict]:
 def evaluate_run(run: dict) -> ValidationRow:
     model = model_from_config(run["model"], source=run["id"], default_name=run["model"].get("name", run["id"]))
     cluster = load_cluster(run["cluster"])
-    cfg = RunConfig(**run["config"])
+    conf = dict(run["config"])
+    if conf.get("layers_per_stage") is not None:
+        conf["layers_per_stage"] = tuple(conf["layers_per_stage"])
+    cfg = RunConfig(**conf)
     est = estimate(model, cluster, cfg)
     metric = run["measured"]["metric"]
     if metric == "step_time_s":
@@ -46,9 +50,12 @@ def evaluate_run(run: dict) -> ValidationRow:
         flops = gpt_full_recompute_flops_eq3(cfg.global_batch_size, cfg.seq_len, model.num_layers,
                                              model.hidden_size, model.vocab_size)
         value = flops / est.step_time_s / cfg.num_gpus / 1e12
+    elif metric == "mfu":
+        value = est.mfu
     else:
         raise ValueError(f"unknown metric {metric}")
-    return ValidationRow(run["id"], run["table"], metric, float(run["measured"]["value"]), value)
+    return ValidationRow(run["id"], run["table"], metric, float(run["measured"]["value"]), value,
+                         bool(run.get("heldout", False)))
 
 
 def validate(runs: list[dict] | None = None) -> list[ValidationRow]:
