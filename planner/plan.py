@@ -47,7 +47,9 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             "num_microbatches": cfg.num_microbatches, "seq_len": cfg.seq_len,
         },
         "schedule": cfg.schedule,
-        "recompute": {"mode": cfg.recompute, "num_layers": cfg.recompute_num_layers},
+        "recompute": {"mode": cfg.recompute, "num_layers": cfg.recompute_num_layers,
+                      "layers_per_stage": (list(cfg.recompute_layers_per_stage)
+                                           if cfg.recompute_layers_per_stage is not None else None)},
         "layers_per_stage": list(stage_layers(model, cfg)),
         "options": {
             "flash_attention": cfg.flash_attention, "overlap_grad_reduce": cfg.overlap_grad_reduce,
@@ -87,6 +89,8 @@ def config_from_dict(d: dict[str, Any], source: str = "<plan>") -> RunConfig:
             cp_kind=par.get("cp_kind", "ring"), global_batch_size=batch["global_batch_size"],
             micro_batch_size=batch["micro_batch_size"], seq_len=batch["seq_len"], schedule=d["schedule"],
             recompute=rec["mode"], recompute_num_layers=rec.get("num_layers"),
+            recompute_layers_per_stage=(tuple(rec["layers_per_stage"]) if rec.get("layers_per_stage") is not None
+                                        else None),
             layers_per_stage=tuple(layers) if layers else None,
             **{f.name: opt[f.name] for f in fields(RunConfig) if f.name in opt},
         )

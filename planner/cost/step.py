@@ -239,13 +239,15 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         dense_params = expert_params = largest = act_per_mb = workspace = 0.0
         chunk_layers = []
         for c in range(v):
-            j = c * p + r
+            j = sched.stage_index(p, v, r, c)
             n = layers[j]
             chunk_layers.append(n)
             n_moe = sum(1 for i in range(starts[j], starts[j] + n) if model.is_moe and i >= model.first_k_dense_layers)
             n_full = 0
             if cfg.recompute == "full":
                 n_full = n if cfg.recompute_num_layers is None else min(n, cfg.recompute_num_layers)
+                if cfg.recompute_layers_per_stage is not None:  # AdaPipe-style depth per stage
+                    n_full = min(n, cfg.recompute_layers_per_stage[j])
             for count, lc, is_moe in ((n - n_moe, dense, False), (n_moe, moe, True)):
                 if count == 0:
                     continue
@@ -323,6 +325,11 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                                                                                            n * cfg.grad_reduce_bytes)
                          for g, n in ((dp_group, dense_b), (edp_group, exp_b)))
             t_dp = m * max(0.0, per_mb - st.time_per_microbatch_s)
+            if sched.zero3_gathers_once_per_step:
+                # breadth-first: each chunk's weights are gathered once for all micro-batches' forwards, once for
+                # their backwards, its gradients reduce-scattered once, overlapped with the whole step's compute
+                # (Lamy-Poirier 2022, Sec. 4)
+                t_dp = max(0.0, per_mb - m * st.time_per_microbatch_s)
         else:
             t_dp = 0.0
             for g, n in ((dp_group, dense_b), (edp_group, exp_b)):

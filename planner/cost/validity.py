@@ -46,6 +46,15 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
                                             f"{model.num_layers} layers"))
     elif model.num_layers < stages:
         out.append(("pp", f"{model.num_layers} layers cannot fill pp*vpp = {stages} stages"))
+    if cfg.recompute_layers_per_stage is not None:
+        per_stage = cfg.layers_per_stage if cfg.layers_per_stage is not None else None
+        if len(cfg.recompute_layers_per_stage) != stages or min(cfg.recompute_layers_per_stage) < 0 or (
+                per_stage is not None and len(per_stage) == stages
+                and any(k > n for k, n in zip(cfg.recompute_layers_per_stage, per_stage))):
+            out.append(("recompute_layers_per_stage", f"must list {stages} counts, each between 0 and its stage's "
+                                                      f"layers"))
+        elif cfg.recompute != "full":
+            out.append(("recompute_layers_per_stage", "per-stage recomputation needs --recompute full"))
     if cfg.vpp > 1 and cfg.layers_per_stage is None and model.num_layers % stages:
         out.append(("vpp", f"{model.num_layers} layers are not divisible by pp*vpp = {stages} (virtual stages "
                            f"need equal chunks)"))

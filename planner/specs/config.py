@@ -31,6 +31,9 @@ class RunConfig:
     #: with recompute == "full": how many layers per pipeline stage are fully recomputed (None = all of them);
     #: the others keep their activations (selective recompute where that is set to "selective-rest")
     recompute_num_layers: int | None = None
+    #: with recompute == "full": fully recomputed layers of each pipeline stage (pp * vpp entries, model order),
+    #: chosen per stage as AdaPipe does; overrides recompute_num_layers; None = recompute_num_layers everywhere
+    recompute_layers_per_stage: tuple[int, ...] | None = None
     schedule: str = "1f1b"
     cp_kind: str = "ring"
     #: layers of each pipeline stage (pp * vpp entries, in model order); None = as even as possible
