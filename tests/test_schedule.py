@@ -1,0 +1,188 @@
+"""Pipeline schedules: closed forms against the simulator, the published bubble figures, memory per schedule."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.cost.schedule import SCHEDULES, get_schedule
+from planner.cost.simulate import simulate_schedule
+from planner.cost.validity import config_problems
+from planner.specs.config import RunConfig
+from planner.specs.model import load_model
+from planner.specs.hardware import load_cluster
+
+
+def equal(p, f, b, w):
+    return [f] * p, [b] * p, [w] * p
+
+
+# ----- published bubble figures ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8), (8, 32)])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_flush_bubble_is_p_minus_1_over_m(name, p, m):
+    """Narayanan et al. 2021 Sec. 2.2: bubble fraction (p - 1)/m, closed form and simulator."""
+    f, b, w = equal(p, 1.0, 1.5, 0.5)
+    sched = get_schedule(name)
+    closed = sched.time(f, b, w, m, 1)
+    sim = simulate_schedule(name, f, b, w, m)
+    ideal = m * 3.0
+    assert closed.bubble_s / ideal == pytest.approx((p - 1) / m)
+    assert sim.total_s == pytest.approx(closed.total_s)
+    assert sim.bubble_fraction() == pytest.approx((p - 1) / m)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (8, 16, 3)])
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "bfs"])
+def test_interleaved_bubble_is_p_minus_1_over_vm(name, p, m, v):
+    """Narayanan et al. 2021 Sec. 2.2 (interleaved) and Lamy-Poirier 2022 (breadth-first): (p - 1)/(v m)."""
+    f, b, w = equal(p, 1.0, 1.0, 1.0)
+    sched = get_schedule(name)
+    closed = sched.time(f, b, w, m, v)
+    sim = simulate_schedule(name, f, b, w, m, v)
+    assert closed.bubble_s / (m * 3.0) == pytest.approx((p - 1) / (v * m))
+    assert sim.total_s == pytest.approx(closed.total_s)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 24), (16, 64)])
+def test_zb_h1_bubble_is_a_third_of_1f1b(p, m):
+    """Qi et al. 2023 Sec. 3.1: with T_F = T_B = T_W, ZB-H1's bubble (p-1)(F+B-W) is 1/3 of 1F1B's (p-1)(F+B+W)."""
+    f, b, w = equal(p, 1.0, 1.0, 1.0)
+    zb = simulate_schedule("zb-h1", f, b, w, m)
+    base = simulate_schedule("1f1b", f, b, w, m)
+    assert zb.bubble_s / base.bubble_s == pytest.approx(1 / 3)
+    assert get_schedule("zb-h1").time(f, b, w, m, 1).bubble_s == pytest.approx(zb.bubble_s)
+    assert zb.bubble_s == pytest.approx((p - 1) * (1.0 + 1.0 - 1.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(2, 6), mult=st.integers(2, 4), f=st.sampled_from([0.5, 1.0, 1.5, 2.0]),
+       b=st.sampled_from([0.5, 1.0, 1.5, 2.0]), wfrac=st.sampled_from([0.25, 0.5, 0.75, 1.0]))
+def test_zero_bubble_closed_forms_match_simulator(p, mult, f, b, wfrac):
+    """ZB-H1: m t + (p-1)(F+B-W); ZB-H2: m t + (p-1)(F + max(0, B-2W)); exact when W <= min(F, B)."""
+    m = mult * p
+    w = wfrac * min(f, b)
+    fs, bs, ws = equal(p, f, b, w)
+    for name in ("zb-h1", "zb-h2"):
+        sim = simulate_schedule(name, fs, bs, ws, m)
+        assert get_schedule(name).time(fs, bs, ws, m, 1).total_s == pytest.approx(sim.total_s), name
+    assert simulate_schedule("zb-h1", fs, bs, ws, m).total_s == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - w))
+
+
+def test_zb_h2_beats_zb_h1_only_where_b_exceeds_w():
+    p, m = 4, 16
+    fs, bs, ws = equal(p, 1.0, 2.0, 1.0)
+    h1 = simulate_schedule("zb-h1", fs, bs, ws, m).total_s
+    h2 = simulate_schedule("zb-h2", fs, bs, ws, m).total_s
+    assert h2 < h1
+    assert h2 == pytest.approx(m * 4.0 + (p - 1) * 1.0)  # only the last rank's (p - 1) F wait is left
+
+
+# ----- memory ---------------------------------------------------------------------------------------------------
+def test_1f1b_first_stage_holds_p_microbatches():
+    s = get_schedule("1f1b")
+    assert [s.inflight(8, 32, 1, r) for r in range(8)] == [8, 7, 6, 5, 4, 3, 2, 1]
+    assert s.inflight(8, 3, 1, 0) == 3  # never more than m
+
+
+@pytest.mark.parametrize("p,v", [(4, 2), (8, 3), (16, 4)])
+def test_interleaved_memory_factor(p, v):
+    """Korthikanti et al. 2022 Sec. 4.2.3: the first stage holds p (1 + (p - 1)/(p v)) micro-batches' worth."""
+    assert get_schedule("interleaved-1f1b").inflight(p, 8 * p, v, 0) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_zb_h2_holds_more_than_1f1b_to_remove_the_bubble():
+    p = 8
+    assert get_schedule("zb-h1").inflight(p, 64, 1, 0) == p
+    assert get_schedule("zb-h2").inflight(p, 64, 1, 0) == 2 * p - 1
+    assert get_schedule("gpipe").inflight(p, 64, 1, 0) == 64
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(2, 6), mult=st.integers(2, 3), v=st.integers(1, 3))
+def test_simulated_peak_memory_matches_inflight(name, p, mult, v):
+    sched = get_schedule(name)
+    v = v if sched.supports_vpp else 1
+    m = mult * p
+    if sched.check(p, m, v):
+        return
+    sim = simulate_schedule(name, *equal(p, 1.0, 1.2, 0.8), m, v)
+    assert list(sim.peak_inflight) == pytest.approx([sched.inflight(p, m, v, r) for r in range(p)])
+
+
+# ----- unequal stages -------------------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(SCHEDULES)), p=st.sampled_from([2, 4, 8]), mult=st.integers(2, 4),
+       scale=st.lists(st.floats(0.8, 1.2), min_size=8, max_size=8), v=st.integers(1, 2))
+def test_closed_forms_within_12_percent_for_unequal_stages(name, p, mult, scale, v):
+    """The closed forms assume equal stages; with +-20% imbalance they stay within 12% of the simulator."""
+    sched = get_schedule(name)
+    v = v if sched.supports_vpp else 1
+    if name == "interleaved-1f1b":
+        v = 2
+    m = mult * p
+    if sched.check(p, m, v):
+        return
+    f = [s for s in scale[:p]]
+    b = [1.3 * s for s in scale[:p]]
+    w = [0.8 * s for s in scale[:p]]
+    sim = simulate_schedule(name, f, b, w, m, v)
+    closed = sched.time(f, b, w, m, v)
+    assert abs(closed.total_s - sim.total_s) <= 0.12 * sim.total_s
+    assert sim.total_s >= m * max(fi + bi + wi for fi, bi, wi in zip(f, b, w)) - 1e-9
+
+
+def test_1f1b_closed_form_is_an_upper_bound_for_a_slow_stage():
+    """(m - 1) max t + sum t charges the slow stage's time to every fill and drain hop; the simulator shows the
+    pipeline does better (34 vs 38 here), never worse."""
+    f, b, w = [1.0, 2.0, 1.0, 1.0], [1.0, 2.0, 1.0, 1.0], [0.0] * 4
+    sim = simulate_schedule("1f1b", f, b, w, 8)
+    closed = get_schedule("1f1b").time(f, b, w, 8, 1).total_s
+    assert sim.total_s == pytest.approx(34.0)
+    assert closed == pytest.approx(7 * 4.0 + 10.0)
+    assert sim.busy_s == (16.0, 32.0, 16.0, 16.0)
+
+
+# ----- constraints ----------------------------------------------------------------------------------------------
+def test_schedule_rules():
+    assert get_schedule("1f1b").check(4, 8, 2)  # no virtual stages
+    assert get_schedule("interleaved-1f1b").check(4, 6, 2)  # m not a multiple of p
+    assert get_schedule("interleaved-1f1b").check(4, 8, 2) is None
+    assert get_schedule("zb-h1").check(4, 3, 1)  # fewer micro-batches than stages
+    assert get_schedule("zb-h1").check(4, 4, 1) is None
+    assert get_schedule("zb-h2").check(4, 6, 1)  # needs 2p - 1 = 7
+    assert get_schedule("zb-h2").check(4, 7, 1) is None
+    assert get_schedule("bfs").check(4, 8, 3) is None
+    assert get_schedule("bfs").check(1, 8, 1)
+
+
+def test_validity_applies_schedule_rules():
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=8, tp=2, pp=4, global_batch_size=6, schedule="zb-h2")
+    assert any(opt == "schedule" for opt, _ in config_problems(model, cluster, cfg))
+    assert not config_problems(model, cluster, cfg.with_(global_batch_size=8))
+
+
+def test_every_schedule_estimates_and_zero_bubble_is_faster():
+    from planner.cost.step import estimate
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    base = RunConfig(num_gpus=16, tp=2, pp=4, global_batch_size=64, seq_len=4096)
+    times = {}
+    for name in SCHEDULES:
+        cfg = base.with_(schedule=name, vpp=2 if name == "interleaved-1f1b" else 1)
+        times[name] = estimate(model, cluster, cfg).step_time_s
+    assert times["zb-h1"] < times["1f1b"]
+    assert times["interleaved-1f1b"] < times["1f1b"]
+    assert times["gpipe"] == pytest.approx(times["1f1b"])
+
+
+def test_estimate_cli_accepts_new_schedules():
+    from typer.testing import CliRunner
+    from planner.cli.app import app
+    for name in ("zb-h1", "zb-h2", "bfs"):
+        r = CliRunner().invoke(app, ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm",
+                                     "--gpus", "16", "--tp", "2", "--pp", "4", "--global-batch", "64",
+                                     "--schedule", name, "--json"])
+        assert r.exit_code == 0, r.output
+        assert f'"schedule": "{name}"' in r.output
