@@ -1,0 +1,52 @@
+"""Launcher-ready configurations from a plan: Megatron-LM arguments, torchtitan TOML, DeepSpeed JSON, NeMo 2.0.
+
+``emit(plan, target)`` returns the file text; ``export(plan, target)`` also returns the notes a user must read
+(what the file leaves out, how a knob was mapped) and the usual file suffix. ``plan`` is a ``planner.plan.Plan``
+or its JSON dict. A launcher that cannot run something the plan uses raises ``PlannerError`` instead of
+emitting a configuration that would run differently from the estimate.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import PlannerError
+
+#: target name -> (module, file suffix)
+_TARGETS = {
+    "megatron": ("planner.export.megatron", ".sh"),
+    "torchtitan": ("planner.export.torchtitan", ".toml"),
+    "deepspeed": ("planner.export.deepspeed", ".json"),
+    "nemo": ("planner.export.nemo", ".py"),
+}
+TARGETS: tuple[str, ...] = tuple(_TARGETS)
+
+
+@dataclass(frozen=True)
+class Export:
+    target: str
+    text: str
+    notes: tuple[str, ...]
+    suffix: str
+
+
+def _module(target: str, option: str = "--to"):
+    if target not in _TARGETS:
+        raise PlannerError(f"unknown launcher '{target}'", source=option, fix=f"use one of: {', '.join(TARGETS)}")
+    return importlib.import_module(_TARGETS[target][0])
+
+
+def export(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to") -> Export:
+    mod = _module(target, option)
+    text = mod.render(plan, source)
+    return Export(target=target, text=text, notes=tuple(mod.notes(plan, source)), suffix=_TARGETS[target][1])
+
+
+def emit(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to") -> str:
+    """The launcher file for ``plan`` as text (see ``TARGETS``)."""
+    return export(plan, target, source=source, option=option).text
+
+
+__all__ = ["TARGETS", "Export", "emit", "export"]

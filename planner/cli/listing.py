@@ -1,0 +1,111 @@
+"""``planner list models|clusters|schedules``: what ships with the planner."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from planner.cli.app import app, choice, console, handle_errors
+from planner.cost.memory import total_params
+from planner.cost.schedule import SCHEDULES
+from planner.errors import PlannerError
+from planner.export import megatron, torchtitan
+from planner.specs.hardware import GB, GIB, TFLOPS, load_cluster, shipped_clusters
+from planner.specs.model import load_model, shipped_models
+
+KINDS = ("models", "clusters", "schedules")
+BILLION = 1e9
+
+
+def model_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name in shipped_models():
+        try:
+            m = load_model(name)
+        except PlannerError as e:
+            rows.append({"name": name, "error": str(e)})
+            continue
+        rows.append({
+            "name": name, "model_type": m.model_type, "params_b": total_params(m) / BILLION,
+            "layers": m.num_layers, "hidden_size": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+            "vocab_size": m.vocab_size, "max_seq_len": m.max_seq_len,
+            "experts": f"{m.experts_per_token} of {m.num_experts}" if m.is_moe else "",
+        })
+    return rows
+
+
+def cluster_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name in shipped_clusters():
+        try:
+            c = load_cluster(name)
+        except PlannerError as e:
+            rows.append({"name": name, "error": str(e)})
+            continue
+        rows.append({
+            "name": name, "gpu": c.gpu.name, "bf16_tflops": c.gpu.peak_flops / TFLOPS, "hbm_gib": c.gpu.hbm_bytes / GIB,
+            "gpus_per_node": c.gpus_per_node, "intra_node_gb_s": c.intra_node.bandwidth_bytes_per_s / GB,
+            "inter_node_gb_s": c.inter_node.bandwidth_bytes_per_s / GB, "max_gpus": c.max_gpus or None,
+        })
+    return rows
+
+
+def schedule_launchers(name: str) -> str:
+    """Which exporters can run a schedule (with torchtitan's class name)."""
+    out = []
+    if megatron.SCHEDULE_SUPPORT.get(name):
+        out += ["megatron", "nemo"]
+    if name == "1f1b":
+        out.append("deepspeed")
+    if torchtitan.SCHEDULE_NAMES.get(name):
+        out.append(f"torchtitan ({torchtitan.SCHEDULE_NAMES[name]})")
+    return ", ".join(out) or "none"
+
+
+def schedule_rows() -> list[dict[str, Any]]:
+    return [{"name": s.name, "virtual_stages": bool(getattr(s, "supports_vpp", False)),
+             "launchers": schedule_launchers(s.name), "description": s.description} for s in SCHEDULES.values()]
+
+
+ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_rows}
+#: column key -> (header, format)
+COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    "models": [("name", "name", "{}"), ("model_type", "type", "{}"), ("params_b", "params (B)", "{:.1f}"),
+               ("layers", "layers", "{}"), ("hidden_size", "hidden", "{}"), ("heads", "heads", "{}"),
+               ("kv_heads", "KV heads", "{}"), ("vocab_size", "vocab", "{}"), ("max_seq_len", "max seq", "{}"),
+               ("experts", "experts", "{}")],
+    "clusters": [("name", "name", "{}"), ("gpu", "GPU", "{}"), ("bf16_tflops", "bf16 TFLOP/s", "{:.0f}"),
+                 ("hbm_gib", "HBM GiB", "{:.1f}"), ("gpus_per_node", "GPUs/node", "{}"),
+                 ("intra_node_gb_s", "intra-node GB/s", "{:.0f}"), ("inter_node_gb_s", "inter-node GB/s per GPU",
+                                                                    "{:.0f}"),
+                 ("max_gpus", "max GPUs", "{}")],
+    "schedules": [("name", "name", "{}"), ("virtual_stages", "virtual stages", "{}"),
+                  ("launchers", "launchers", "{}"), ("description", "description", "{}")],
+}
+
+
+@app.command("list")
+@handle_errors
+def list_(
+    what: str = typer.Argument(..., help="models | clusters | schedules", show_default=False),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table"),
+) -> None:
+    """Show the shipped model specs, hardware profiles or pipeline schedules."""
+    choice(what, KINDS, "list")
+    rows = ROWS[what]()
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title=f"Shipped {what}")
+    cols = COLUMNS[what]
+    for _, header, _ in cols:
+        t.add_column(header, justify="left" if header in ("name", "type", "GPU", "description", "launchers") else "right")
+    for row in rows:
+        if "error" in row:
+            t.add_row(row["name"], f"[red]{row['error']}[/]", *([""] * (len(cols) - 2)))
+            continue
+        t.add_row(*("" if row[k] is None else fmt.format(row[k]) for k, _, fmt in cols))
+    console().print(t)

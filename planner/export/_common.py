@@ -1,0 +1,114 @@
+"""What every exporter shares: reading a plan (a ``Plan`` or its JSON dict) and refusing what a launcher lacks.
+
+Exporters never guess: when a launcher has no knob for something the plan relies on (a pipeline schedule, ZeRO-3
+together with pipeline parallelism, ...), they raise a ``PlannerError`` naming the launcher, the feature and what
+would work instead, rather than emit a configuration that would run differently from the estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.plan import Plan, config_from_dict, model_from_plan_dict
+from planner.specs.config import RunConfig, even_layer_split
+from planner.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """The parts of a plan an exporter reads: the configuration, the model (when the plan carries its spec), the
+    layers of every pipeline stage in model order and the stored estimate (a dict, possibly empty)."""
+
+    cfg: RunConfig
+    model: ModelSpec | None
+    model_name: str
+    cluster_name: str
+    layers_per_stage: tuple[int, ...]
+    estimate: dict[str, Any]
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.layers_per_stage)
+
+    @property
+    def even_split(self) -> bool:
+        return len(set(self.layers_per_stage)) == 1
+
+    @property
+    def is_moe(self) -> bool:
+        return self.model is not None and self.model.is_moe or self.cfg.ep > 1
+
+
+def read_plan(plan: Plan | dict[str, Any], source: str = "<plan>") -> PlanView:
+    """Normalize a ``Plan`` or a plan dict (as written by ``planner plan --json``) into a PlanView."""
+    d = plan.to_dict() if isinstance(plan, Plan) else plan
+    if not isinstance(d, dict):
+        raise PlannerError("a plan must be a JSON object", source=source,
+                           fix="pass a file written by `planner plan --json`")
+    cfg = config_from_dict(d, source)
+    model = model_from_plan_dict(d, source) if isinstance(d.get("model_spec"), dict) else None
+    if cfg.layers_per_stage is not None:
+        layers = tuple(int(n) for n in cfg.layers_per_stage)
+    elif model is not None:
+        layers = even_layer_split(model.num_layers, cfg.num_stages)
+    else:
+        raise PlannerError("the plan has neither layers_per_stage nor model_spec", source=source,
+                           field="layers_per_stage", fix="pass a file written by `planner plan --json`")
+    if len(layers) != cfg.num_stages:
+        raise PlannerError(f"lists {len(layers)} stages, but pp*vpp = {cfg.num_stages}", source=source,
+                           field="layers_per_stage")
+    est = d.get("estimate") if isinstance(d.get("estimate"), dict) else {}
+    return PlanView(cfg=cfg, model=model, model_name=str(d.get("model", model.name if model else "model")),
+                    cluster_name=str(d.get("cluster", "")), layers_per_stage=layers, estimate=est)
+
+
+def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
+    """The error an exporter raises when the launcher cannot run what the plan uses."""
+    return PlannerError(f"{launcher} cannot run this plan: {feature}", source=f"--to {launcher}", fix=fix)
+
+
+def summary_comment(view: PlanView) -> list[str]:
+    """One or two human lines naming the plan and its estimate, for the header of an exported file."""
+    cfg = view.cfg
+    lines = [f"plan: {view.model_name} on {cfg.num_gpus} GPUs ({view.cluster_name}): TP {cfg.tp}, PP {cfg.pp}, "
+             f"DP {cfg.dp}, CP {cfg.cp}, EP {cfg.ep}, VPP {cfg.vpp}, micro-batch {cfg.micro_batch_size} x "
+             f"{cfg.num_microbatches}, schedule {cfg.schedule}, recompute {cfg.recompute}, ZeRO-{cfg.zero_stage}"]
+    est = view.estimate
+    if "step_time_s" in est:
+        lines.append(f"estimate: step {est['step_time_s']:.3f} s, {est.get('tflops_per_gpu', 0):.1f} model "
+                     f"TFLOP/s per GPU, MFU {100 * est.get('mfu', 0):.1f}%, peak memory "
+                     f"{est.get('peak_memory_gib', 0):.1f} of {est.get('memory_limit_gib', 0):.1f} GiB")
+    return lines
+
+
+def first_last_split(layers: tuple[int, ...]) -> tuple[int, int] | None:
+    """(first, last) when every stage but the first and the last has the same number of layers, else None."""
+    if len(layers) < 2:
+        return None
+    middle = layers[1:-1]
+    if len(set(middle)) > 1:
+        return None
+    return layers[0], layers[-1]
+
+
+def recompute_counts(view: PlanView) -> tuple[int, ...]:
+    """Fully recomputed layers of every pipeline stage (model order) under ``recompute == "full"``: the plan's
+    per-stage counts when it has them, else ``recompute_num_layers`` (None: all) clipped to each stage."""
+    cfg = view.cfg
+    per_stage = getattr(cfg, "recompute_layers_per_stage", None)
+    if per_stage is not None:
+        return tuple(min(int(k), n) for k, n in zip(per_stage, view.layers_per_stage))
+    k = cfg.recompute_num_layers
+    return tuple(n if k is None else min(k, n) for n in view.layers_per_stage)
+
+
+def uniform_recompute_count(view: PlanView) -> int | None | bool:
+    """One count ``k`` such that every stage fully recomputes min(k, its layers) (what Megatron's block method
+    does): None when that is every layer, False when no single count describes the plan."""
+    counts, layers = recompute_counts(view), view.layers_per_stage
+    if counts == layers:
+        return None
+    k = max(counts)
+    return k if all(c == min(k, n) for c, n in zip(counts, layers)) else False

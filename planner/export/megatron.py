@@ -1,0 +1,205 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments for a plan.
+
+Key names follow Megatron-LM's argument parser (``megatron/training/arguments.py``): parallel degrees
+(``--tensor-model-parallel-size`` ...), virtual stages (``--num-layers-per-virtual-pipeline-stage``), uneven pipeline
+splits (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, or the general
+``--pipeline-model-parallel-layout``), recomputation (``--recompute-granularity/-method/-num-layers``), ZeRO
+(``--use-distributed-optimizer``; ZeRO-2/3 through Megatron FSDP's ``--data-parallel-sharding-strategy``) and the
+overlap flags.
+
+Refused, because Megatron-LM has no equivalent: pipeline schedules other than 1F1B and interleaved 1F1B (GPipe,
+looped BFS, the zero-bubble family and DualPipe; ``--delay-wgrad-compute`` only defers weight gradients to overlap
+MoE all-to-all in the combined 1F1B schedule, it does not fill the pipeline bubble), and ZeRO-2/3 together with
+pipeline parallelism (Megatron FSDP shards over the data-parallel group of a model without pipeline stages).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from planner.export._common import (PlanView, first_last_split, read_plan, recompute_counts, summary_comment,
+                                    uniform_recompute_count, unsupported)
+
+LAUNCHER = "megatron"
+#: planner schedule name -> how Megatron-LM runs it (None: it cannot)
+SCHEDULE_SUPPORT: dict[str, str | None] = {
+    "1f1b": "1F1B (forward_backward_pipelining_without_interleaving)",
+    "interleaved-1f1b": "interleaved 1F1B (virtual pipeline stages)",
+    "gpipe": None,
+    "bfs": None,
+    "zb-h1": None,
+    "zb-h2": None,
+    "zbv": None,
+    "dualpipe": None,
+}
+#: ZeRO stage -> Megatron FSDP data-parallel sharding strategy (ZeRO-1 is the distributed optimizer)
+FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+CP_COMM_TYPE = {"ring": "p2p", "ulysses": "a2a"}
+
+
+def _check(view: PlanView) -> None:
+    cfg = view.cfg
+    if cfg.pp > 1 and SCHEDULE_SUPPORT.get(cfg.schedule) is None:
+        raise unsupported(LAUNCHER, f"pipeline schedule '{cfg.schedule}' (Megatron-LM runs only 1F1B and "
+                                    f"interleaved 1F1B)",
+                          "export to torchtitan, which has GPipe, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble "
+                          "and DualPipeV, or plan with schedule 1f1b / interleaved-1f1b")
+    if cfg.zero_stage >= 2 and cfg.pp > 1:
+        raise unsupported(LAUNCHER, f"ZeRO-{cfg.zero_stage} with pipeline parallelism (pp={cfg.pp}); Megatron "
+                                    "FSDP does not combine with pipeline stages",
+                          "plan with ZeRO-1 (--use-distributed-optimizer) or without pipeline parallelism")
+
+
+def _layout(layers: tuple[int, ...]) -> str:
+    """``--pipeline-model-parallel-layout``: one '|'-separated entry per model chunk in model order (Megatron deals
+    chunk i to pipeline rank i mod pp); E = embedding, t*N = N decoder layers, L = loss (final norm + LM head)."""
+    parts = []
+    for i, n in enumerate(layers):
+        item = "E" if i == 0 else ""
+        if n:
+            item += "t" if n == 1 else f"t*{n}"
+        if i == len(layers) - 1:
+            item += "L"
+        parts.append(item)
+    return "|".join(parts)
+
+
+def _model_args(view: PlanView) -> list[str]:
+    m = view.model
+    if m is None:
+        return []
+    cfg = view.cfg
+    args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+            "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_heads)]
+    if m.num_kv_heads != m.num_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
+    if m.head_dim and m.head_dim != m.hidden_size // m.num_heads:
+        args += ["--kv-channels", str(m.head_dim)]
+    args += ["--seq-length", str(cfg.seq_len), "--max-position-embeddings", str(max(m.max_seq_len, cfg.seq_len))]
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if m.gated_mlp:
+        args.append("--swiglu")
+    if m.norm == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if not m.learned_positions:
+        args += ["--position-embedding-type", "rope"]
+    if not m.linear_bias:
+        args.append("--disable-bias-linear")
+    if not m.dropout:
+        args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
+    if m.is_moe:
+        args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.experts_per_token),
+                 "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+        if m.num_shared_experts:
+            args += ["--moe-shared-expert-intermediate-size", str(m.num_shared_experts * m.moe_ffn_hidden_size)]
+        if m.first_k_dense_layers:
+            k = m.first_k_dense_layers
+            args += ["--moe-layer-freq", f"([0]*{k}+[1]*{m.num_layers - k})"]
+    if m.is_mla:
+        args.append("--multi-latent-attention")
+        if m.q_lora_rank:
+            args += ["--q-lora-rank", str(m.q_lora_rank)]
+        args += ["--kv-lora-rank", str(m.kv_lora_rank)]
+    return args
+
+
+def arguments(plan: Any, source: str = "<plan>") -> list[str]:
+    """The plan as a list of ``pretrain_gpt.py`` arguments (flags and values as separate items)."""
+    view = read_plan(plan, source)
+    _check(view)
+    cfg = view.cfg
+    args = ["--tensor-model-parallel-size", str(cfg.tp), "--pipeline-model-parallel-size", str(cfg.pp),
+            "--context-parallel-size", str(cfg.cp)]
+    if cfg.cp > 1:
+        args += ["--cp-comm-type", CP_COMM_TYPE[cfg.cp_kind]]
+    if cfg.sequence_parallel and cfg.tp > 1:
+        args.append("--sequence-parallel")
+    if view.is_moe:
+        args += ["--expert-model-parallel-size", str(cfg.ep), "--expert-tensor-parallel-size", str(cfg.tp)]
+    # pipeline split: even chunks need no flag (interleaving needs the chunk size); uneven ones are spelled out
+    layers = view.layers_per_stage
+    if cfg.pp > 1:
+        if view.even_split:
+            if cfg.vpp > 1:
+                args += ["--num-layers-per-virtual-pipeline-stage", str(layers[0])]
+        elif cfg.vpp == 1 and first_last_split(layers) is not None:
+            first, last = first_last_split(layers)
+            args += ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers",
+                     str(last)]
+        else:
+            args += ["--pipeline-model-parallel-layout", _layout(layers)]
+    args += ["--micro-batch-size", str(cfg.micro_batch_size), "--global-batch-size", str(cfg.global_batch_size)]
+    if view.model is None:
+        args += ["--seq-length", str(cfg.seq_len)]
+    # recomputation
+    if cfg.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif cfg.recompute == "full":
+        k = uniform_recompute_count(view)
+        if k is False:
+            raise unsupported(LAUNCHER, f"a different number of recomputed layers per stage "
+                                        f"({list(recompute_counts(view))})",
+                              "Megatron-LM's --recompute-num-layers is one number for every stage; plan with one "
+                              "recompute count")
+        if k is None:  # every layer is its own recompute unit
+            args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        else:  # the first k layers of every chunk are recomputed, the others keep their activations
+            args += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                     str(k)]
+    # data parallelism / ZeRO and overlap
+    if cfg.zero_stage == 1:
+        args.append("--use-distributed-optimizer")
+    elif cfg.zero_stage in FSDP_SHARDING:
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_SHARDING[cfg.zero_stage]]
+    if cfg.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if cfg.overlap_param_gather and cfg.zero_stage == 1:
+        args.append("--overlap-param-gather")
+    if cfg.tp_comm_overlap and cfg.tp > 1:
+        args.append("--tp-comm-overlap")
+    if cfg.grad_reduce_bytes == 4:
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    args += _model_args(view)
+    args.append("--bf16")
+    return args
+
+
+def notes(plan: Any, source: str = "<plan>") -> list[str]:
+    view = read_plan(plan, source)
+    out = ["add data, tokenizer, optimizer and checkpoint arguments; the vocabulary size comes from the tokenizer"]
+    if view.model is None:
+        out.append("the plan has no model_spec: add the model shape arguments (--num-layers, --hidden-size, ...)")
+    if not view.cfg.flash_attention:
+        out.append("the plan assumes an unfused attention kernel (flash_attention = false)")
+    return out
+
+
+def render(plan: Any, source: str = "<plan>") -> str:
+    """A bash snippet defining ``PLANNER_ARGS`` (one argument pair a line) to splice into a torchrun command."""
+    view = read_plan(plan, source)
+    args = arguments(plan, source)
+    lines = ["#!/usr/bin/env bash", "# Megatron-LM pretrain_gpt.py arguments generated by planner"]
+    lines += [f"# {line}" for line in summary_comment(view)]
+    lines += [f"# note: {n}" for n in notes(plan, source)]
+    lines.append(f'# usage: torchrun --nproc-per-node <GPUs per node> --nnodes <nodes> pretrain_gpt.py '
+                 f'"${{PLANNER_ARGS[@]}}" <data and optimizer arguments>   ({view.cfg.num_gpus} GPUs in all)')
+    lines.append("PLANNER_ARGS=(")
+    i = 0
+    while i < len(args):
+        item = args[i]
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            lines.append(f"  {item} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            lines.append(f"  {item}")
+            i += 1
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def parse_rendered(text: str) -> list[str]:
+    """The argument list inside a rendered ``PLANNER_ARGS=( ... )`` block (for tests and round trips)."""
+    body = text.split("PLANNER_ARGS=(", 1)[1].rsplit(")", 1)[0]
+    return shlex.split(body)

@@ -1,0 +1,375 @@
+"""Launcher exports: each parses, holds the plan's numbers, uses the launchers' documented names, and refuses what a
+launcher cannot run."""
+
+from __future__ import annotations
+
+import ast
+import json
+import tomllib
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.cost.schedule import SCHEDULES
+from planner.cost.step import estimate
+from planner.errors import PlannerError
+from planner.export import TARGETS, emit, export
+from planner.export import deepspeed, megatron, nemo, torchtitan
+from planner.plan import Plan, dumps, plan_dict
+from planner.specs.config import RunConfig
+from planner.specs.hardware import load_cluster
+from planner.specs.model import load_model
+
+runner = CliRunner()
+
+# Names as documented by each launcher (Megatron-LM arguments.py, torchtitan job config, DeepSpeed config JSON,
+# NeMo 2.0 MegatronStrategy / Megatron Core configs); an export may use no other key.
+MEGATRON_FLAGS = {
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size", "--cp-comm-type",
+    "--sequence-parallel", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout", "--micro-batch-size",
+    "--global-batch-size", "--seq-length", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce",
+    "--overlap-param-gather", "--tp-comm-overlap", "--accumulate-allreduce-grads-in-fp32", "--num-layers",
+    "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups",
+    "--kv-channels", "--max-position-embeddings", "--untie-embeddings-and-output-weights", "--swiglu",
+    "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
+    "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+    "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16",
+}
+TORCHTITAN_KEYS = {
+    "training": {"local_batch_size", "global_batch_size", "seq_len"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "enable_async_tensor_parallel", "context_parallel_degree",
+                    "context_parallel_rotate_method", "pipeline_parallel_degree", "pipeline_parallel_schedule",
+                    "pipeline_parallel_microbatch_size", "module_fqns_per_model_part", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
+}
+TORCH_SCHEDULES = {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+                   "DualPipeV"}
+DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16",
+                  "communication_data_type", "zero_optimization"}
+NEMO_STRATEGY_KWARGS = {"tensor_model_parallel_size", "pipeline_model_parallel_size",
+                        "virtual_pipeline_model_parallel_size", "context_parallel_size", "sequence_parallel",
+                        "expert_model_parallel_size", "expert_tensor_parallel_size", "ddp"}
+NEMO_DDP_KWARGS = {"use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32"}
+
+
+def make_plan(model: str, cluster: str, **cfg) -> dict:
+    spec, hw = load_model(model), load_cluster(cluster)
+    config = RunConfig(**cfg)
+    return json.loads(dumps(plan_dict(spec, hw.name, config, estimate(spec, hw, config))))
+
+
+@pytest.fixture(scope="module")
+def gpt3() -> dict:
+    """GPT-3 175B as Narayanan et al. 2021 ran it: 1536 A100s, TP 8, PP 12, interleaved (2 chunks), batch 1536."""
+    return make_plan("gpt3-175b", "a100-80gb-sxm", num_gpus=1536, tp=8, pp=12, vpp=2, schedule="interleaved-1f1b",
+                     global_batch_size=1536, micro_batch_size=1, seq_len=2048)
+
+
+@pytest.fixture(scope="module")
+def llama405() -> dict:
+    """Llama 3.1 405B as Meta ran it: 16384 H100s, TP 8, PP 16, DP 128, 8K context, 2048 x 8192 tokens per step;
+    126 layers over 16 stages -> 7 on the first and last stage, 8 elsewhere."""
+    return make_plan("llama-3.1-405b", "h100-80gb-sxm", num_gpus=16384, tp=8, pp=16, global_batch_size=2048,
+                     micro_batch_size=1, seq_len=8192, recompute="full", recompute_num_layers=2)
+
+
+def pairs(args: list[str]) -> dict[str, str | None]:
+    """Flag -> value (None for a bare flag)."""
+    out: dict[str, str | None] = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[a] = nxt if nxt is not None and not nxt.startswith("--") else None
+    return out
+
+
+def config_only_plan(model: str = "llama-3.1-70b", **cfg) -> dict:
+    """A plan dict without an estimate (exporters only read the configuration)."""
+    from planner.plan import config_fields
+    from dataclasses import asdict
+    spec = load_model(model)
+    config = RunConfig(**cfg)
+    d = {"schema_version": "1.0", "model": spec.name, "cluster": "h100-80gb-sxm", **config_fields(spec, config),
+         "model_spec": asdict(spec)}
+    return json.loads(json.dumps(d))
+
+
+# ----- Megatron-LM --------------------------------------------------------------------------------------------
+def test_megatron_gpt3_arguments(gpt3):
+    text = emit(gpt3, "megatron")
+    args = megatron.parse_rendered(text)
+    assert args == megatron.arguments(gpt3)
+    kv = pairs(args)
+    assert set(kv) <= MEGATRON_FLAGS, set(kv) - MEGATRON_FLAGS
+    assert kv["--tensor-model-parallel-size"] == "8"
+    assert kv["--pipeline-model-parallel-size"] == "12"
+    assert kv["--context-parallel-size"] == "1"
+    assert kv["--num-layers-per-virtual-pipeline-stage"] == str(96 // (12 * 2))
+    assert kv["--micro-batch-size"] == "1" and kv["--global-batch-size"] == "1536"
+    assert kv["--seq-length"] == "2048"
+    assert kv["--recompute-granularity"] == "selective"
+    assert "--sequence-parallel" in kv and "--use-distributed-optimizer" in kv and "--overlap-grad-reduce" in kv
+    assert kv["--num-layers"] == "96" and kv["--hidden-size"] == "12288" and kv["--num-attention-heads"] == "96"
+    # GPT-3: tied embeddings, GELU, LayerNorm, learned positions, biases: none of the Llama flags
+    assert not {"--untie-embeddings-and-output-weights", "--swiglu", "--disable-bias-linear"} & set(kv)
+
+
+def test_megatron_llama405_arguments(llama405):
+    kv = pairs(megatron.arguments(llama405))
+    assert set(kv) <= MEGATRON_FLAGS
+    assert kv["--tensor-model-parallel-size"] == "8" and kv["--pipeline-model-parallel-size"] == "16"
+    first, last = int(kv["--decoder-first-pipeline-num-layers"]), int(kv["--decoder-last-pipeline-num-layers"])
+    assert (first, last) == (7, 7)
+    assert (126 - first - last) % (16 - 2) == 0  # Megatron splits the rest evenly
+    assert kv["--recompute-granularity"] == "full" and kv["--recompute-method"] == "block"
+    assert kv["--recompute-num-layers"] == "2"
+    assert kv["--num-query-groups"] == "8" and "--group-query-attention" in kv
+    assert kv["--seq-length"] == "8192" and kv["--global-batch-size"] == "2048"
+    assert "--swiglu" in kv and kv["--normalization"] == "RMSNorm" and "--untie-embeddings-and-output-weights" in kv
+    assert "--num-layers-per-virtual-pipeline-stage" not in kv
+
+
+def test_megatron_full_recompute_of_every_layer_is_uniform():
+    plan = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, recompute="full")
+    kv = pairs(megatron.arguments(plan))
+    assert (kv["--recompute-method"], kv["--recompute-num-layers"]) == ("uniform", "1")
+
+
+def test_megatron_irregular_split_uses_layout():
+    plan = config_only_plan(num_gpus=32, tp=8, pp=4, global_batch_size=32, layers_per_stage=(18, 22, 20, 20))
+    kv = pairs(megatron.arguments(plan))
+    layout = kv["--pipeline-model-parallel-layout"]
+    assert layout == "Et*18|t*22|t*20|t*20L"
+    assert sum(int(p.strip("EL").split("*")[1]) for p in layout.split("|")) == 80
+
+
+def test_megatron_first_last_split_and_cp():
+    plan = config_only_plan(num_gpus=64, tp=4, pp=4, cp=2, global_batch_size=32, seq_len=32768,
+                            layers_per_stage=(18, 22, 22, 18), zero_stage=0)
+    kv = pairs(megatron.arguments(plan))
+    assert kv["--decoder-first-pipeline-num-layers"] == "18" and kv["--decoder-last-pipeline-num-layers"] == "18"
+    assert kv["--context-parallel-size"] == "2" and kv["--cp-comm-type"] == "p2p"
+    assert "--use-distributed-optimizer" not in kv and "--overlap-param-gather" not in kv
+
+
+@pytest.mark.parametrize("schedule,vpp", [("gpipe", 1), ("zb-h1", 1), ("zb-h2", 1), ("bfs", 2)])
+def test_megatron_refuses_schedules_it_lacks(schedule, vpp):
+    if schedule not in SCHEDULES:
+        pytest.skip(f"schedule {schedule} not in this build")
+    plan = config_only_plan(num_gpus=64, tp=8, pp=4, vpp=vpp, global_batch_size=64, schedule=schedule)
+    for target in ("megatron", "nemo"):
+        with pytest.raises(PlannerError, match=schedule):
+            emit(plan, target)
+
+
+def test_megatron_zero3_with_pp_refused_without_pp_fsdp():
+    with pytest.raises(PlannerError, match="ZeRO-3 with pipeline"):
+        emit(config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, zero_stage=3), "megatron")
+    kv = pairs(megatron.arguments(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3)))
+    assert "--use-megatron-fsdp" in kv and kv["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    assert "--use-distributed-optimizer" not in kv
+
+
+def test_megatron_moe_plan_sets_expert_parallelism():
+    plan = config_only_plan("mixtral-8x7b", num_gpus=64, tp=2, pp=1, ep=8, global_batch_size=64)
+    kv = pairs(megatron.arguments(plan))
+    assert kv["--expert-model-parallel-size"] == "8" and kv["--expert-tensor-parallel-size"] == "2"
+    assert kv["--num-experts"] == "8" and kv["--moe-router-topk"] == "2"
+
+
+def test_every_schedule_has_a_decision_in_every_exporter():
+    """A new schedule must get an explicit mapping (or refusal) in the exporters, never fall through silently."""
+    assert set(SCHEDULES) <= set(megatron.SCHEDULE_SUPPORT)
+    assert set(SCHEDULES) <= set(torchtitan.SCHEDULE_NAMES)
+    assert set(v for v in torchtitan.SCHEDULE_NAMES.values() if v) <= TORCH_SCHEDULES
+
+
+# ----- torchtitan ---------------------------------------------------------------------------------------------
+def check_torchtitan(plan: dict) -> dict:
+    doc = tomllib.loads(emit(plan, "torchtitan"))
+    for section, keys in doc.items():
+        assert set(keys) <= TORCHTITAN_KEYS[section], set(keys) - TORCHTITAN_KEYS[section]
+    par, tr = doc["parallelism"], doc["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    world = dp * par["tensor_parallel_degree"] * par["context_parallel_degree"] * par["pipeline_parallel_degree"]
+    assert world == plan["num_gpus"]
+    assert dp == plan["parallelism"]["dp"]
+    # torchtitan accumulates global / (local x dp) local batches; the pipeline splits a local batch into micro-batches
+    accumulation = tr["global_batch_size"] // (tr["local_batch_size"] * dp)
+    assert tr["global_batch_size"] == accumulation * tr["local_batch_size"] * dp
+    micro = par.get("pipeline_parallel_microbatch_size", tr["local_batch_size"])
+    assert accumulation * tr["local_batch_size"] // micro == plan["batch"]["num_microbatches"]
+    assert micro == plan["batch"]["micro_batch_size"]
+    if par["pipeline_parallel_degree"] > 1:
+        parts = par["module_fqns_per_model_part"]
+        assert [sum(n.startswith("layers.") for n in p) for p in parts] == plan["layers_per_stage"]
+        flat = [n for p in parts for n in p if n.startswith("layers.")]
+        assert flat == [f"layers.{i}" for i in range(sum(plan["layers_per_stage"]))]
+        assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+        assert par["pipeline_parallel_schedule"] in TORCH_SCHEDULES
+    return doc
+
+
+def test_torchtitan_gpt3(gpt3):
+    doc = check_torchtitan(gpt3)
+    par = doc["parallelism"]
+    assert par["tensor_parallel_degree"] == 8 and par["pipeline_parallel_degree"] == 12
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert len(par["module_fqns_per_model_part"]) == 24
+    assert par["data_parallel_shard_degree"] == 16 and par["fsdp_reshard_after_forward"] == "never"
+    assert doc["training"] == {"global_batch_size": 1536, "seq_len": 2048, "local_batch_size": 96}
+    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+def test_torchtitan_llama405_full_recompute(llama405):
+    plan = dict(llama405, recompute={"mode": "full", "num_layers": None})
+    doc = check_torchtitan(plan)
+    assert doc["activation_checkpoint"] == {"mode": "full"}
+    assert doc["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    assert [len(p) for p in doc["parallelism"]["module_fqns_per_model_part"]][:2] == [8, 8]  # embedding + 7 layers
+    # recomputing 2 of 7 or 8 layers per stage is not "every N-th layer": refused, not approximated
+    with pytest.raises(PlannerError, match="every N-th layer"):
+        emit(llama405, "torchtitan")
+
+
+def test_torchtitan_partial_recompute_as_every_nth_layer():
+    plan = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, recompute="full", recompute_num_layers=10)
+    doc = check_torchtitan(plan)  # 40 layers per stage, 10 recomputed: every 4th layer
+    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "4"}
+
+
+def test_torchtitan_zero_stages_and_cp():
+    doc = check_torchtitan(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=0))
+    assert doc["parallelism"]["data_parallel_replicate_degree"] == 8
+    assert doc["parallelism"]["data_parallel_shard_degree"] == 1
+    doc = check_torchtitan(config_only_plan(num_gpus=64, tp=8, cp=2, seq_len=16384, global_batch_size=64,
+                                            zero_stage=3))
+    assert doc["parallelism"]["fsdp_reshard_after_forward"] == "always"
+    assert doc["parallelism"]["context_parallel_degree"] == 2
+    with pytest.raises(PlannerError, match="ulysses"):
+        emit(config_only_plan(num_gpus=64, tp=4, cp=2, seq_len=16384, global_batch_size=64, cp_kind="ulysses"),
+             "torchtitan")
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_torchtitan_schedule_names(name):
+    vpp = 2 if getattr(SCHEDULES[name], "supports_vpp", False) or name in ("zbv", "dualpipe") else 1
+    plan = config_only_plan(num_gpus=32, tp=8, pp=4, vpp=vpp, global_batch_size=64, schedule=name)
+    expected = torchtitan.SCHEDULE_NAMES[name]
+    if expected is None:
+        with pytest.raises(PlannerError, match=name):
+            emit(plan, "torchtitan")
+    else:
+        assert check_torchtitan(plan)["parallelism"]["pipeline_parallel_schedule"] == expected
+
+
+# ----- DeepSpeed ----------------------------------------------------------------------------------------------
+def test_deepspeed_llama405(llama405):
+    ds = json.loads(emit(llama405, "deepspeed"))
+    assert set(ds) <= DEEPSPEED_KEYS
+    dp = llama405["parallelism"]["dp"]
+    assert ds["train_batch_size"] == 2048
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * dp
+    assert ds["gradient_accumulation_steps"] == llama405["batch"]["num_microbatches"] == 16
+    assert ds["zero_optimization"]["stage"] == 1 and ds["bf16"] == {"enabled": True}
+    notes = export(llama405, "deepspeed").notes
+    assert any("--tensor-model-parallel-size 8" in n and "--pipeline-model-parallel-size 16" in n for n in notes)
+
+
+def test_deepspeed_refusals(gpt3):
+    with pytest.raises(PlannerError, match="1F1B"):
+        emit(gpt3, "deepspeed")  # interleaved: the pipeline engine has no virtual stages
+    with pytest.raises(PlannerError, match="ZeRO-3 with pipeline"):
+        emit(config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, zero_stage=3), "deepspeed")
+    ds = json.loads(emit(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3), "deepspeed"))
+    assert ds["zero_optimization"]["stage"] == 3
+
+
+# ----- NeMo 2.0 -----------------------------------------------------------------------------------------------
+def nemo_parts(text: str) -> tuple[dict, dict, dict, dict]:
+    """(MegatronStrategy kwargs, DDP config kwargs, RECIPE_OVERRIDES, namespace with apply_plan) of the snippet."""
+    tree = ast.parse(text)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") ==
+                "MegatronStrategy")
+    strategy = {k.arg: k.value for k in call.keywords}
+    ddp = {k.arg: ast.literal_eval(k.value) for k in strategy.pop("ddp").keywords}
+    strategy = {k: ast.literal_eval(v) for k, v in strategy.items()}
+    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) or
+            isinstance(n, ast.Assign) and n.targets[0].id == "RECIPE_OVERRIDES"]
+    ns: dict = {}
+    exec(compile(ast.Module(body=body, type_ignores=[]), "<nemo>", "exec"), ns)  # no nemo import needed
+    return strategy, ddp, ns["RECIPE_OVERRIDES"], ns
+
+
+def fake_recipe() -> SimpleNamespace:
+    ns = SimpleNamespace
+    return ns(trainer=ns(strategy=ns(ddp=ns())), data=ns(), model=ns(config=ns()), optim=ns(config=ns()))
+
+
+def test_nemo_gpt3(gpt3):
+    strategy, ddp, overrides, ns = nemo_parts(emit(gpt3, "nemo"))
+    assert set(strategy) | {"ddp"} <= NEMO_STRATEGY_KWARGS and set(ddp) <= NEMO_DDP_KWARGS
+    assert strategy["tensor_model_parallel_size"] == 8 and strategy["pipeline_model_parallel_size"] == 12
+    assert strategy["virtual_pipeline_model_parallel_size"] == 2 and strategy["sequence_parallel"] is True
+    assert ddp["use_distributed_optimizer"] is True
+    recipe = ns["apply_plan"](fake_recipe())
+    assert recipe.trainer.strategy.pipeline_model_parallel_size == 12
+    assert recipe.data.global_batch_size == 1536 and recipe.data.micro_batch_size == 1
+    assert recipe.model.config.recompute_granularity == "selective"
+    assert recipe.optim.config.use_distributed_optimizer is True
+    assert overrides["data.seq_length"] == 2048
+
+
+def test_nemo_llama405(llama405):
+    strategy, _, overrides, ns = nemo_parts(emit(llama405, "nemo"))
+    assert strategy["pipeline_model_parallel_size"] == 16 and strategy["virtual_pipeline_model_parallel_size"] is None
+    assert overrides["model.config.num_layers_in_first_pipeline_stage"] == 7
+    assert overrides["model.config.num_layers_in_last_pipeline_stage"] == 7
+    assert (overrides["model.config.recompute_method"], overrides["model.config.recompute_num_layers"]) == ("block", 2)
+    with pytest.raises(PlannerError, match="ZeRO-3"):
+        emit(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3), "nemo")
+
+
+# ----- API and CLI --------------------------------------------------------------------------------------------
+def test_emit_accepts_a_plan_object():
+    spec, hw = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=16, tp=2, pp=2, global_batch_size=32, micro_batch_size=2, seq_len=4096)
+    plan = Plan(spec, hw.name, cfg, estimate(spec, hw, cfg))
+    for target in TARGETS:
+        assert emit(plan, target) == emit(json.loads(plan.to_json()), target)
+    with pytest.raises(PlannerError, match="unknown launcher"):
+        emit(plan, "slurm")
+
+
+def test_cli_export_writes_file_and_notes(gpt3, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(gpt3))
+    out = tmp_path / "job.toml"
+    res = runner.invoke(app, ["export", str(path), "--to", "torchtitan", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert tomllib.loads(out.read_text())["parallelism"]["pipeline_parallel_degree"] == 12
+    assert "note:" in res.stderr
+    res = runner.invoke(app, ["export", str(path), "--to", "megatron"])
+    assert res.exit_code == 0 and "--tensor-model-parallel-size 8" in res.stdout
+
+
+def test_cli_export_errors(gpt3, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(gpt3))
+    res = runner.invoke(app, ["export", str(path), "--to", "deepspeed"])
+    assert res.exit_code == 2 and "deepspeed cannot run this plan" in res.stderr
+    res = runner.invoke(app, ["export", str(path), "--to", "slurm"])
+    assert res.exit_code == 2 and "unknown launcher" in res.stderr
+    res = runner.invoke(app, ["export", str(tmp_path / "missing.json"), "--to", "megatron"])
+    assert res.exit_code == 2 and "file not found" in res.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "x"}')
+    res = runner.invoke(app, ["export", str(bad), "--to", "megatron"])
+    assert res.exit_code == 2 and "not a planner plan" in res.stderr
