@@ -1,0 +1,140 @@
+"""Memory-aware stage partition with per-stage recomputation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from planner.cost.step import estimate
+from planner.cost.validity import config_problems
+from planner.plan import config_fields, config_from_dict
+from planner.search.partition import best_uniform_recompute, partition, partition_report
+from planner.specs.config import RunConfig
+from planner.specs.hardware import load_cluster
+from planner.specs.model import load_model
+
+
+@pytest.fixture(scope="module")
+def big():
+    return load_model("llama-3.1-405b"), load_cluster("h100-80gb-sxm")
+
+
+def cfg_405b(**kw) -> RunConfig:
+    base = dict(num_gpus=2048, tp=8, pp=16, global_batch_size=2048, micro_batch_size=2, seq_len=8192,
+                recompute="none")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_405b_uneven_partition_beats_even_split(big):
+    """Acceptance: 405B, 128K vocabulary, tp 8 pp 16: the planned partition with per-stage recomputation beats the
+    even split with its best single recomputation setting, in the planner's own model, and fits."""
+    model, cluster = big
+    even = best_uniform_recompute(model, cluster, cfg_405b())
+    assert even is not None
+    planned = partition(model, cluster, even)
+    e0, e1 = estimate(model, cluster, even), estimate(model, cluster, planned)
+    assert e1.fits and not config_problems(model, cluster, planned)
+    assert e1.step_time_s < 0.95 * e0.step_time_s
+    layers = planned.layers_per_stage
+    assert sum(layers) == model.num_layers and len(layers) == 16
+    assert layers != tuple(s.layers[0] for s in e0.stages)  # uneven, not the even split
+    # early ranks (more micro-batches in flight under 1F1B) recompute at least as much as late ones
+    rec = planned.recompute_layers_per_stage
+    assert rec[0] >= rec[-1] and sum(rec[:8]) > sum(rec[8:])
+    # the busiest rank got faster
+    assert max(s.time_per_microbatch_s for s in e1.stages) < max(s.time_per_microbatch_s for s in e0.stages)
+
+
+def test_report_shows_per_rank_time_and_memory(big):
+    text = partition_report(*big, cfg_405b())
+    assert "| rank |" in text and text.count("\n| ") >= 17  # header + 16 ranks
+    assert "ms / micro-batch" in text and "peak GiB" in text
+
+
+def test_partition_is_fast_and_deterministic(big):
+    model, cluster = big
+    cfg = cfg_405b(seq_len=4096, micro_batch_size=4)  # not cached by the other tests
+    t0 = time.perf_counter()
+    a = partition(model, cluster, cfg)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 2.0  # typically 0.1-0.2 s on one core
+    assert partition(model, cluster, cfg) == a
+
+
+def test_returns_input_when_nothing_is_better(big):
+    """With micro-batch 1 the even 7/8/.../8/7 split already fits without recomputation: nothing to gain."""
+    model, cluster = big
+    cfg = cfg_405b(micro_batch_size=1)
+    out = partition(model, cluster, cfg)
+    assert estimate(model, cluster, out).step_time_s == pytest.approx(estimate(model, cluster, cfg).step_time_s)
+    assert out == cfg
+
+
+def test_invalid_or_unpipelined_input_is_returned_unchanged(big):
+    model, cluster = big
+    bad = cfg_405b(global_batch_size=2047)
+    assert partition(model, cluster, bad) is bad
+    flat = RunConfig(num_gpus=8, tp=8, pp=1, global_batch_size=8)
+    assert partition(model, cluster, flat) is flat
+
+
+def test_nothing_fits_returns_input():
+    model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=64, tp=8, pp=8, global_batch_size=64, seq_len=8192)  # 405B on 64 GPUs: too big
+    assert partition(model, cluster, cfg) is cfg
+
+
+def test_partition_with_zero_bubble_makes_an_unfitting_config_fit(big):
+    """ZB-H1 keeps p micro-batches on every rank until their W: without recomputation it does not fit; the
+    partition adds just enough per-stage recomputation and is no slower than the best uniform setting."""
+    model, cluster = big
+    cfg = cfg_405b(micro_batch_size=1, schedule="zb-h1")
+    assert not estimate(model, cluster, cfg).fits
+    out = partition(model, cluster, cfg)
+    e = estimate(model, cluster, out)
+    assert e.fits and out.recompute == "full"
+    uniform = best_uniform_recompute(model, cluster, cfg)
+    assert e.step_time_s <= estimate(model, cluster, uniform).step_time_s
+
+
+def test_partition_with_interleaved_chunks(big):
+    model, cluster = big
+    cfg = cfg_405b(micro_batch_size=1, schedule="interleaved-1f1b", vpp=2, recompute="full", recompute_num_layers=2,
+                   layers_per_stage=tuple([3] + [4] * 30 + [3]))
+    before = estimate(model, cluster, cfg)
+    assert before.fits
+    out = partition(model, cluster, cfg)
+    e = estimate(model, cluster, out)
+    assert e.fits and len(out.layers_per_stage) == 32 and sum(out.layers_per_stage) == 126
+    assert e.step_time_s < before.step_time_s
+
+
+# ----- per-stage recomputation in the cost model ------------------------------------------------------------------
+def test_per_stage_recompute_zero_is_no_recompute_and_all_is_full():
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    base = RunConfig(num_gpus=16, tp=2, pp=4, global_batch_size=64, seq_len=4096)
+    none = estimate(model, cluster, base.with_(recompute="none"))
+    full = estimate(model, cluster, base.with_(recompute="full"))
+    zero = estimate(model, cluster, base.with_(recompute="full", recompute_layers_per_stage=(0, 0, 0, 0)))
+    every = estimate(model, cluster, base.with_(recompute="full", recompute_layers_per_stage=(8, 8, 8, 8)))
+    assert zero.step_time_s == pytest.approx(none.step_time_s)
+    assert zero.peak_memory_bytes == pytest.approx(none.peak_memory_bytes)
+    assert every.step_time_s == pytest.approx(full.step_time_s)
+    mixed = estimate(model, cluster, base.with_(recompute="full", recompute_layers_per_stage=(8, 4, 0, 0)))
+    assert mixed.stages[0].recompute_s > mixed.stages[1].recompute_s > mixed.stages[2].recompute_s == 0.0
+    assert mixed.stages[0].memory_bytes["activations"] < zero.stages[0].memory_bytes["activations"]
+
+
+def test_per_stage_recompute_validity_and_json_roundtrip():
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=16, tp=2, pp=4, global_batch_size=64, recompute="full",
+                    layers_per_stage=(7, 9, 9, 7), recompute_layers_per_stage=(3, 2, 1, 0))
+    assert not config_problems(model, cluster, cfg)
+    assert config_problems(model, cluster, cfg.with_(recompute_layers_per_stage=(1, 2, 3)))
+    assert config_problems(model, cluster, cfg.with_(recompute_layers_per_stage=(8, 0, 0, 0)))  # 8 > 7 layers
+    assert config_problems(model, cluster, cfg.with_(recompute="selective"))
+    d = config_fields(model, cfg)
+    assert d["recompute"]["layers_per_stage"] == [3, 2, 1, 0]
+    assert config_from_dict(d) == cfg
