@@ -10,7 +10,7 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict
-from planner.specs.config import RECOMPUTE_MODES, RunConfig
+from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, RunConfig
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
@@ -24,6 +24,8 @@ def estimate(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree"),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree"),
     cp: int = typer.Option(1, "--cp", help="Context-parallel degree"),
+    cp_kind: str = typer.Option("ring", "--cp-kind", help="Context parallelism: ring (Megatron CP) | ulysses"),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE models; divides DP x CP)"),
     vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages (model chunks) per pipeline rank"),
     global_batch: int = typer.Option(..., "--global-batch", help="Global batch size in sequences"),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size in sequences"),
@@ -37,15 +39,16 @@ def estimate(
     """Estimate step time, throughput, MFU and per-stage memory of one configuration (DP = gpus / (tp*pp*cp))."""
     choice(recompute, RECOMPUTE_MODES, "--recompute")
     choice(schedule, tuple(SCHEDULES), "--schedule")
+    choice(cp_kind, CP_KINDS, "--cp-kind")
     if zero not in (0, 1, 2, 3):
         raise PlannerError(f"unknown ZeRO stage {zero}", source="--zero", fix="use 0, 1, 2 or 3")
-    for name, value in (("--gpus", gpus), ("--tp", tp), ("--pp", pp), ("--cp", cp), ("--vpp", vpp),
+    for name, value in (("--gpus", gpus), ("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--vpp", vpp),
                         ("--global-batch", global_batch), ("--micro-batch", micro_batch), ("--seq-len", seq_len)):
         if value < 1:
             raise PlannerError(f"must be >= 1, got {value}", source=name)
     spec = load_model(model)
     hw = load_cluster(cluster)
-    cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, vpp=vpp, global_batch_size=global_batch,
+    cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule)
     est = estimate_config(spec, hw, cfg)

@@ -63,9 +63,13 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
     h = model.hidden_size
     ops: list[Op] = []
     # ---- attention --------------------------------------------------------------------------------------------
-    ops.append(_gemm("qkv_proj", T, h, (model.q_dim + 2 * model.kv_dim) / t))
+    if model.is_mla:
+        ops += mla_projection_ops(model, cfg)
+    else:
+        ops.append(_gemm("qkv_proj", T, h, (model.q_dim + 2 * model.kv_dim) / t))
     s_kv = cfg.seq_len  # each query attends to the whole (causal) sequence, whatever the CP split
-    core_flops = 4.0 * T * s_kv * model.q_dim / t
+    # QK^T (2 T s q) and scores x V (2 T s out): 4 T s q_dim for standard attention; MLA's value head is narrower
+    core_flops = 2.0 * T * s_kv * (model.attn_q_dim + model.attn_out_dim) / t
     if cfg.flash_attention:
         ops.append(Op("attention_core", "attention", flops=core_flops * 0.5, bwd_ratio=FLASH_ATTN_BWD_RATIO,
                       weight_grad_fraction=0.0, recomputed_by_selective=False))
@@ -84,19 +88,30 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
         score_elems = T * s_kv * model.num_heads / t
         ops.append(Op("softmax_dropout", "memory", hbm_bytes=per_score * score_elems, bwd_ratio=1.0,
                       weight_grad_fraction=0.0, recomputed_by_selective=True))
-    ops.append(_gemm("attn_out_proj", T, model.q_dim / t, h))
+    ops.append(_gemm("attn_out_proj", T, model.attn_out_dim / t, h))
     # ---- MLP / MoE --------------------------------------------------------------------------------------------
     n_mats = 3 if model.gated_mlp else 2
     if moe:
         k = model.experts_per_token
         f = model.moe_ffn_hidden_size
-        ops.append(_gemm("router", T, h, model.num_experts))
-        # routed experts: every token goes through k experts; with EP the tokens are redistributed so each GPU
-        # still does (on average) T*k expert-token products, each split by expert TP (= TP here)
-        ops.append(Op("experts", "gemm", flops=n_mats * 2.0 * T * k * h * f / t))
-        if model.num_shared_experts:
-            ops.append(Op("shared_experts", "gemm",
-                          flops=n_mats * 2.0 * T * h * f * model.num_shared_experts / t))
+        sp = t if cfg.sequence_parallel else 1
+        ops.append(_gemm("router", T / sp, h, model.num_experts))  # each TP rank routes its own SP shard
+        # routed experts (Megatron-Core MoE, expert TP = TP): after the EP all-to-all and the TP all-gather each
+        # GPU holds, with balanced routing, T*k token copies spread over its E/ep local experts, and runs them as a
+        # grouped GEMM of E/ep GEMMs of m_e = T k ep / E tokens each (the size that sets the GEMM efficiency)
+        local = model.num_experts / cfg.ep
+        m_e = T * k / local
+        ops.append(_gemm("experts_in", m_e, h, (n_mats - 1) * f / t, batch=local))
+        ops.append(_gemm("experts_out", m_e, f / t, h, batch=local))
+        if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
+            f_sh = f * model.num_shared_experts
+            ops.append(_gemm("shared_experts_in", T, h, (n_mats - 1) * f_sh / t))
+            ops.append(_gemm("shared_experts_out", T, f_sh / t, h))
+        # permute before and unpermute + probability-weighted combine after the experts: each reads and writes
+        # the T k token copies (bf16); their share per TP rank is 1/sp
+        ops.append(Op("moe_permute", "memory", hbm_bytes=ACT_BYTES * 4 * T * k * h / sp, bwd_ratio=1.0,
+                      weight_grad_fraction=0.0))
+        k += model.num_shared_experts  # the activation-function width below covers the shared experts too
     else:
         f = model.ffn_hidden_size
         ops.append(_gemm("mlp_in", T, h, (n_mats - 1) * f / t))
@@ -112,6 +127,26 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
     rope_elems = 0 if model.learned_positions else 2 * (model.q_dim + model.kv_dim) / t
     ops.append(Op("elementwise", "memory", hbm_bytes=ACT_BYTES * T * (per_token_h * h + act_elems + rope_elems),
                   bwd_ratio=2.0, weight_grad_fraction=0.0))
+    return ops
+
+
+def mla_projection_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
+    """Multi-head latent attention projections (DeepSeek-V2 paper, Sec. 2.1.2; shapes as in
+    :func:`planner.cost.memory.mla_params`). The down-projections to the latents are small and kept whole on every
+    TP rank (an approximation of Megatron-Core's MLA); the up-projections are split by heads over TP. Costed
+    without the inference-time absorbed-weight trick, as in training."""
+    t = cfg.tp
+    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    h, heads = model.hidden_size, model.num_heads
+    qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
+    ops = []
+    if model.q_lora_rank:
+        ops.append(_gemm("q_down_proj", T, h, model.q_lora_rank))
+        ops.append(_gemm("q_up_proj", T, model.q_lora_rank, heads * qk_head / t))
+    else:
+        ops.append(_gemm("q_proj", T, h, heads * qk_head / t))
+    ops.append(_gemm("kv_down_proj", T, h, model.kv_lora_rank + model.qk_rope_head_dim))
+    ops.append(_gemm("kv_up_proj", T, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / t))
     return ops
 
 
@@ -188,6 +223,9 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
     h, s, B = model.hidden_size, seq_len, global_batch
     tokens = B * s
     attn_proj = 2 * h * (model.q_dim + 2 * model.kv_dim) + 2 * model.q_dim * h
+    if model.is_mla:  # 2 FLOPs per weight of each MLA projection (DeepSeek-V2 Sec. 2.1.2)
+        attn_proj = sum(o.flops for o in mla_projection_ops(model, RunConfig(num_gpus=1, seq_len=1))) + \
+            2 * model.attn_out_dim * h
     n_mats = 3 if model.gated_mlp else 2
     dense_mlp = 2 * n_mats * h * model.ffn_hidden_size
     moe_mlp = 0.0
@@ -196,7 +234,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
         moe_mlp += 2 * h * model.num_experts
     per_token_layers = (model.num_layers - model.num_moe_layers) * (attn_proj + dense_mlp) + \
         model.num_moe_layers * (attn_proj + moe_mlp)
-    attn_core = 4 * s * model.q_dim * model.num_layers * (0.5 if causal_half else 1.0)
+    attn_core = 2 * s * (model.attn_q_dim + model.attn_out_dim) * model.num_layers * (0.5 if causal_half else 1.0)
     head = 2 * h * model.vocab_size
     return 3.0 * tokens * (per_token_layers + attn_core + head)
 

@@ -30,7 +30,27 @@ def norm_params(model: ModelSpec) -> int:
     return model.hidden_size * (2 if model.norm == "layernorm" else 1)
 
 
+def mla_params(model: ModelSpec) -> int:
+    """Multi-head latent attention weights (DeepSeek-V2 paper, Sec. 2.1.2, Eq. 9-10 and 12-13 for the shapes).
+
+    Queries: h -> q_lora_rank (with its RMSNorm) -> heads x (nope + rope); without a query rank, h -> heads x
+    (nope + rope) directly. Keys and values: h -> kv_lora_rank + rope (the shared rotary key), RMSNorm on the
+    latent, latent -> heads x (nope + v). Output: heads x v -> h. DeepSeek-V3: 187.1M per layer.
+    """
+    h, heads = model.hidden_size, model.num_heads
+    qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
+    if model.q_lora_rank:
+        q = h * model.q_lora_rank + model.q_lora_rank + model.q_lora_rank * heads * qk_head
+    else:
+        q = h * heads * qk_head
+    kv = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank + \
+        model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
+    return q + kv + model.attn_out_dim * h
+
+
 def attention_params(model: ModelSpec) -> int:
+    if model.is_mla:
+        return mla_params(model)
     h = model.hidden_size
     n = h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h
     if model.linear_bias:
@@ -123,10 +143,18 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: RunConfig, recompute: str 
     else:
         f_total = model.ffn_hidden_size
     mlp = (6 if model.gated_mlp else 4) * f_total
-    split = 2 * model.q_dim + 4 * model.kv_dim + 2 * model.q_dim + mlp
+    # Q, K, V and the attention output (for MLA their per-head widths, DeepSeek-V2 Sec. 2.1.2)
+    split = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim + model.attn_out_dim) + mlp
     if moe:
         split += 4 * model.num_experts / 1  # router logits + probs, fp32 (tiny)
     per_token = replicated / sp + split / t
+    if model.is_mla:  # the latents feeding the up-projections, whole on every TP rank (see mla_projection_ops)
+        per_token += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+    if moe:
+        # Megatron-Core MoE (expert TP = TP): the k permuted token copies entering the experts, gathered whole over
+        # TP (2kh), and the expert outputs kept for the routing probabilities' gradient before the combine (2kh on
+        # this rank's SP shard)
+        per_token += 2 * model.experts_per_token * h * (1 + 1 / sp)
     if not cfg.flash_attention and mode == "none":
         per_token += (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t
     elif cfg.flash_attention:

@@ -12,9 +12,11 @@ from functools import lru_cache
 from planner.cost import comm
 from planner.cost.compute import (ACT_BYTES, PassTimes, embedding_ops, head_ops, layer_ops, model_flops_per_step,
                                   op_time_s, pass_times)
+from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, attention_params, dense_mlp_params,
                                  embedding_activation_bytes, embedding_params, expert_params_per_layer,
                                  head_activation_bytes, head_params, layer_params, model_state_bytes, norm_params)
+from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
 from planner.errors import PlannerError
@@ -113,6 +115,7 @@ class _LayerCost:
     act_none_bytes: float  # nothing recomputed
     recompute_flops: float  # extra forward FLOPs on this GPU under selective recompute
     fwd_flops: float
+    cp_buffer_bytes: float = 0.0  # transient CP receive buffers (ring K/V blocks, Ulysses all-to-all outputs)
 
 
 def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> _LayerCost:
@@ -142,31 +145,19 @@ def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm
             gemm_fwd = sum(op_time_s(o, gpu) for o in ops if o.kind == "gemm" and o.name != "attention_core")
             hidden = min(tp_fwd, gemm_fwd)
             tp_fwd = tp_fwd - hidden + hidden * gpu.comm_overlap_interference
-    # --- CP
-    cp_fwd = cp_bwd = 0.0
+    # --- CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses
+    # (all-to-all of heads); formulas and sources in planner.cost.context_parallel
     attn = [o for o in ops if o.name == "attention_core"][0]
-    attn_fwd_s = op_time_s(attn, gpu)
-    if cfg.cp > 1:
-        if cfg.cp_kind == "ring":
-            # ring attention: cp-1 steps, each passes one K and V block (T tokens x 2 kv_dim) to the next rank,
-            # overlapped with the block attention of the step (Liu et al. 2023; Megatron CP)
-            kv_block = T * 2 * model.kv_dim / cfg.tp * ACT_BYTES
-            step_comm = comm.p2p_s(_cp_link(cluster, groups.cp), kv_block)
-            step_compute = attn_fwd_s / cfg.cp
-            cp_fwd = (cfg.cp - 1) * max(0.0, step_comm - step_compute)
-            # backward passes K, V and their gradients: twice the bytes, against 2.5x the compute
-            cp_bwd = (cfg.cp - 1) * max(0.0, 2 * step_comm - step_compute * attn.bwd_ratio)
-        else:
-            # Ulysses: all-to-all of Q, K, V before attention and of the output after, each way
-            qkv = T * (model.q_dim + 2 * model.kv_dim) / cfg.tp * ACT_BYTES
-            out = T * model.q_dim / cfg.tp * ACT_BYTES
-            cp_fwd = comm.all_to_all_s(cluster, groups.cp, qkv) + comm.all_to_all_s(cluster, groups.cp, out)
-            cp_bwd = cp_fwd
-    # --- EP: token dispatch + combine all-to-all, forward and backward (Lepikhin et al. 2020)
+    cpc = cp_layer_cost(model, cluster, cfg, groups.cp, op_time_s(attn, gpu), attn.bwd_ratio)
+    cp_fwd, cp_bwd = cpc.fwd_exposed_s, cpc.bwd_exposed_s
+    # --- EP: token dispatch + combine all-to-all, forward and backward, and with TP the expert-TP gather /
+    # scatter of the k token copies (planner.cost.moe). That gather / scatter replaces the MLP half of the layer's
+    # TP collectives counted above, unless shared experts (a TP-parallel dense MLP) still need them.
     ep_fwd = 0.0
     if moe and cfg.ep > 1:
-        dispatch = T * model.experts_per_token * h * ACT_BYTES / (cfg.tp if cfg.sequence_parallel else 1)
-        ep_fwd = 2 * comm.all_to_all_s(cluster, groups.ep, dispatch)
+        ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.tp).fwd_s
+        if cfg.tp > 1 and not model.num_shared_experts:
+            tp_fwd, tp_bwd = tp_fwd / 2, tp_bwd / 2
     rec_flops = sum(o.flops for o in ops if o.recomputed_by_selective)
     return _LayerCost(
         pt=pt, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, ep_fwd_s=ep_fwd,
@@ -176,11 +167,8 @@ def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm
         act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe),
         recompute_flops=rec_flops if cfg.recompute == "selective" else 0.0,
         fwd_flops=sum(o.flops for o in ops),
+        cp_buffer_bytes=cpc.buffer_bytes,
     )
-
-
-def _cp_link(cluster: Cluster, g: comm.GroupPlacement):
-    return cluster.inter_node if g.spans_nodes else cluster.intra_node
 
 
 def stage_layers(model: ModelSpec, cfg: RunConfig) -> tuple[int, ...]:
@@ -270,6 +258,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                 act_per_mb += full_here * lc.act_full_bytes + (count - full_here) * kept
                 if full_here or (cfg.recompute == "selective" and not cfg.flash_attention):
                     workspace = max(workspace, lc.act_none_bytes)  # the layer being recomputed
+                workspace = max(workspace, lc.cp_buffer_bytes)
                 lp = layer_params(model, moe=is_moe)
                 ep_part = expert_params_per_layer(model) if is_moe else 0
                 norms = 2 * norm_params(model)  # replicated across TP

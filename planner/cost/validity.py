@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.cost.schedule import SCHEDULES
-from planner.specs.config import RECOMPUTE_MODES, ZERO_STAGES, RunConfig
+from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -61,13 +61,29 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
     if cfg.seq_len % (2 * cfg.cp) and cfg.cp > 1:
         out.append(("cp", f"seq_len {cfg.seq_len} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
                           f"causal split)"))
-    if cfg.cp_kind == "ulysses" and cfg.cp > 1 and model.num_heads % (cfg.cp * cfg.tp):
-        out.append(("cp", f"Ulysses needs heads ({model.num_heads}) divisible by tp*cp = {cfg.tp * cfg.cp}"))
+    if cfg.cp_kind not in CP_KINDS:
+        out.append(("cp_kind", f"unknown context-parallel kind '{cfg.cp_kind}'; use one of {', '.join(CP_KINDS)}"))
+    elif cfg.cp_kind == "ulysses" and cfg.cp > 1:
+        # DeepSpeed-Ulysses (Jacobs et al. 2023, Sec. 3.1): the all-to-all hands each rank whole heads
+        if model.num_heads % (cfg.cp * cfg.tp):
+            out.append(("cp", f"Ulysses needs heads ({model.num_heads}) divisible by tp*cp = {cfg.tp * cfg.cp}; "
+                              f"use a smaller cp or --cp-kind ring"))
+        else:
+            kv_per_tp = max(model.attn_kv_heads // cfg.tp, 1)
+            if kv_per_tp % cfg.cp and cfg.cp % kv_per_tp:
+                out.append(("cp", f"Ulysses needs the {kv_per_tp} K/V heads per TP rank to divide or be divisible "
+                                  f"by cp={cfg.cp} (fewer K/V heads are replicated)"))
     if cfg.ep > 1:
+        # Megatron-Core MoE: expert-parallel ranks are taken from the data- and context-parallel ranks
         if not model.is_moe:
-            out.append(("ep", "expert parallelism needs a mixture-of-experts model"))
-        elif (dp * cfg.cp) % cfg.ep or model.num_experts % cfg.ep:
-            out.append(("ep", f"ep={cfg.ep} must divide dp*cp = {dp * cfg.cp} and the {model.num_experts} experts"))
+            out.append(("ep", "expert parallelism needs a mixture-of-experts model; use ep=1"))
+        elif (dp * cfg.cp) % cfg.ep:
+            out.append(("ep", f"ep={cfg.ep} must divide dp*cp = {dp * cfg.cp} (Megatron's rule)"))
+        elif model.num_experts % cfg.ep:
+            out.append(("ep", f"ep={cfg.ep} must divide the {model.num_experts} experts"))
+        elif cfg.tp > 1 and not cfg.sequence_parallel:
+            out.append(("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism "
+                                             "(Megatron-Core MoE); turn it on"))
     if cfg.recompute not in RECOMPUTE_MODES:
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
     if cfg.zero_stage not in ZERO_STAGES:

@@ -49,10 +49,11 @@ class ModelSpec:
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
     # Multi-head latent attention (DeepSeek-V2/V3), 0 = standard attention
-    q_lora_rank: int = 0
+    q_lora_rank: int = 0  # 0 with MLA: queries projected directly (DeepSeek-V2-Lite)
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    qk_nope_head_dim: int = 0
     source: str = ""
 
     # ----- derived shapes -------------------------------------------------------------------------------------
@@ -69,6 +70,38 @@ class ModelSpec:
     def kv_dim(self) -> int:
         """Width of one of the K or V projections (num_kv_heads x head size); GQA makes it smaller than q_dim."""
         return self.num_kv_heads * self.head_size
+
+    # Widths (elements per token, all heads) of the four tensors around the attention core. Standard attention:
+    # Q and the output are q_dim wide, K and V kv_dim. Multi-head latent attention (DeepSeek-V2 paper, Sec. 2.1.2)
+    # up-projects per head a (nope + rope)-wide query and key and a v_head_dim-wide value, with as many KV heads as
+    # query heads; these widths are what the core's FLOPs, the context-parallel exchanges and the stored
+    # activations see.
+    @property
+    def attn_q_dim(self) -> int:
+        """Query width entering QK^T (num_heads x query/key head size)."""
+        if self.is_mla:
+            return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return self.q_dim
+
+    @property
+    def attn_k_dim(self) -> int:
+        """Key width entering QK^T."""
+        return self.attn_q_dim if self.is_mla else self.kv_dim
+
+    @property
+    def attn_v_dim(self) -> int:
+        """Value width entering scores x V."""
+        return self.num_heads * self.v_head_dim if self.is_mla else self.kv_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of the attention output (the input of the output projection)."""
+        return self.num_heads * self.v_head_dim if self.is_mla else self.q_dim
+
+    @property
+    def attn_kv_heads(self) -> int:
+        """Distinct K/V heads: MLA up-projects one per query head."""
+        return self.num_heads if self.is_mla else self.num_kv_heads
 
     @property
     def is_moe(self) -> bool:
@@ -239,6 +272,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             kv_lora_rank=f.int("kv_lora_rank", default=0, minimum=0),
             qk_rope_head_dim=f.int("qk_rope_head_dim", default=0, minimum=0),
             v_head_dim=f.int("v_head_dim", default=0, minimum=0),
+            qk_nope_head_dim=f.int("qk_nope_head_dim", default=0, minimum=0),
             source=src,
         )
     else:
@@ -259,6 +293,11 @@ def validate_model(spec: ModelSpec, source: str) -> None:
     if spec.is_moe and not 0 < spec.experts_per_token <= spec.num_experts:
         raise PlannerError(f"num_experts_per_tok must be in 1..{spec.num_experts}, got {spec.experts_per_token}",
                            source=source, field="num_experts_per_tok")
+    if spec.is_mla and not (spec.qk_nope_head_dim and spec.qk_rope_head_dim and spec.v_head_dim):
+        raise PlannerError("multi-head latent attention (kv_lora_rank > 0) needs qk_nope_head_dim, qk_rope_head_dim "
+                           "and v_head_dim", source=source, field="kv_lora_rank")
+    if spec.is_moe and not spec.moe_ffn_hidden_size:
+        raise PlannerError("experts need a width", source=source, field="moe_intermediate_size")
     if spec.first_k_dense_layers > spec.num_layers:
         raise PlannerError("first_k_dense_replace is larger than num_hidden_layers", source=source,
                            field="first_k_dense_replace")

@@ -1,0 +1,285 @@
+"""Lower bounds on the step time and the peak memory of every candidate, vectorized with numpy.
+
+The search only prunes with these, so none may exceed what ``planner.cost.step.estimate`` computes for the same
+configuration. Tests check this on every candidate of small and medium spaces, and the search re-checks it on every
+configuration it evaluates exactly (``bound_violations`` in its statistics).
+
+Per-layer costs come from the cost model itself (``step._layer_cost``: kernel times of ``compute.layer_ops`` plus
+the exposed TP / CP / EP communication of one layer), evaluated once per distinct (TP, CP, CP kind, micro-batch,
+SP, EP); the embedding and LM head kernels from ``compute.embedding_ops`` / ``head_ops``.
+
+Time. Every pipeline rank runs forward and backward of its layers for each of the m micro-batches, plus any
+recomputation; point-to-point, data-parallel and optimizer time only add to this. With W the per-micro-batch work
+of the whole model, the ranks' times sum to at least W and a pipeline of p equal ranks is never slower than one
+with the same total split unevenly (1F1B: (m - 1) max t + sum t, Narayanan et al. 2021 Sec. 2.2). Two bounds:
+
+* cheap, for all rows at once: ``schedule.time`` of p equal unit ranks, at the corner split of F / B / W that
+  gives the smallest time (the closed forms are linear in the split for 1F1B and interleaved, and the zero-bubble
+  forms only shrink as W grows), times W / p;
+* refined, per group when the search reaches it: ``schedule.time`` of p equal ranks at the group's own F / B / W
+  split (exact for equal stages; ``planner.cost.schedule`` shows the zero-bubble forms are exact when every rank
+  has W <= min(F, B), which real layers have).
+
+Plus the optimizer step, which reads and writes each local parameter's states once
+(``step.ADAM_BYTES_PER_PARAM`` bytes over HBM).
+
+Memory. The first and the last pipeline rank each hold their model states (Rajbhandari et al. 2020: 2 + 2 + 12
+bytes per parameter, sharded by ZeRO stage over DP x CP) and their in-flight activations (the schedule's
+``inflight`` micro-batches times the per-layer bytes of ``memory.activation_bytes_per_layer``, Korthikanti et al.
+2022 Table 2). The bound leaves out workspace and ZeRO-3 gather buffers, which only add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import comm
+from planner.cost.compute import embedding_ops, head_ops, pass_times
+from planner.cost.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_activation_bytes,
+                                 embedding_params, expert_params_per_layer, head_params, layer_params, norm_params)
+from planner.cost.schedule import SCHEDULES
+from planner.cost.step import ADAM_BYTES_PER_PARAM, _layer_cost
+from planner.search.space import G, REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
+from planner.specs.config import CP_KINDS, RunConfig, even_layer_split
+from planner.specs.hardware import Cluster
+from planner.specs.model import ModelSpec
+
+
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the given columns and, per input row, the index of its distinct row (like
+    ``np.unique(axis=0)``, but through one integer key per row, which is much faster)."""
+    codes, sizes, values = [], [], []
+    for c in cols:
+        v, inv = np.unique(c, return_inverse=True)
+        values.append(v)
+        codes.append(inv.reshape(-1))
+        sizes.append(len(v))
+    key = np.ravel_multi_index(codes, sizes) if cols[0].size else np.zeros(0, dtype=np.int64)
+    ukey, inv = np.unique(key, return_inverse=True)
+    parts = np.unravel_index(ukey, sizes)
+    uniq = np.stack([values[j][parts[j]] for j in range(len(cols))], axis=1)
+    return uniq, inv.reshape(-1)
+
+
+@dataclass(frozen=True)
+class GroupTables:
+    """Per-group quantities the bounds need (arrays indexed by group), computed once per request."""
+
+    fwd_s: np.ndarray  # whole model, one micro-batch: forward incl. exposed TP / CP / EP comm, embedding, head
+    bwd_input_s: np.ndarray  # input-gradient backward incl. exposed comm
+    bwd_weight_s: np.ndarray  # weight-gradient backward
+    selective_s: np.ndarray  # extra time of selective recomputation, whole model
+    full_s: np.ndarray  # extra time of full recomputation of every layer (its forward again, with comm)
+    layer_full_min_s: np.ndarray  # that extra time for the cheapest single layer (dense or MoE)
+    factor: np.ndarray  # schedule time with p equal ranks of unit time, smallest over the F / B / W corner splits
+    inflight_first: np.ndarray
+    inflight_last: np.ndarray
+    layers_first: np.ndarray  # layers on rank 0 under the even split (all its chunks)
+    layers_last: np.ndarray  # layers on rank p-1
+    act_none_bytes: np.ndarray  # per layer, one micro-batch, cheapest of dense / MoE
+    act_selective_bytes: np.ndarray
+    act_full_bytes: np.ndarray
+    act_embedding_bytes: np.ndarray
+    cp_buffer_bytes: np.ndarray  # CP communication buffers (a floor of the workspace)
+    dense_params_per_layer: np.ndarray  # on one GPU, after TP (the part ZeRO shards over DP x CP)
+    expert_params_per_layer: np.ndarray  # on one GPU, after TP and EP
+    embedding_params: np.ndarray  # on one GPU (rank 0)
+    head_params: np.ndarray  # on one GPU (rank p-1)
+    dp_shard: np.ndarray
+    expert_dp_shard: np.ndarray
+    dense_layers: int  # layers before the first MoE layer (all of them for a dense model)
+    optimizer_s_per_param: float  # optimizer step time per local parameter
+
+
+def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
+    tp, cp, mb, sp = space.col("tp"), space.col("cp"), space.col("mb"), space.col("sp")
+    pp, vpp, ep, kind = space.col("pp"), space.col("vpp"), space.col("ep"), space.col("cp_kind")
+    gpu = cluster.gpu
+    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    # ---- per-layer costs per distinct (tp, cp, cp_kind, mb, sp, ep) --------------------------------------------
+    uniq, inv = _unique_rows(tp, cp, kind, mb, sp, ep)
+    names = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none", "act_sel", "act_full", "act_emb",
+             "cp_buf")
+    tab = {k: np.zeros(len(uniq)) for k in names}
+    for u, (t, c, k, b, s, e) in enumerate(uniq.tolist()):
+        cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
+                        seq_len=space.seq_len, sequence_parallel=bool(s), recompute="selective")
+        groups = comm.groups_for(cluster, t, c, e, 1, e)
+        costs = [(n_dense, _layer_cost(model, cluster, cfg, groups, moe=False))]
+        if n_moe:
+            costs.append((n_moe, _layer_cost(model, cluster, cfg, groups, moe=True)))
+        full_min = np.inf
+        act = {"act_none": np.inf, "act_sel": np.inf, "act_full": np.inf}
+        for count, lc in costs:
+            # the composition of step.estimate: forward comm = TP + CP + EP forward, backward likewise
+            comm_f = lc.tp_fwd_s + lc.cp_fwd_s + lc.ep_fwd_s
+            comm_b = lc.tp_bwd_s + lc.cp_bwd_s + lc.ep_fwd_s
+            tab["fwd"][u] += count * (lc.pt.fwd_s + comm_f)
+            tab["bwd_in"][u] += count * (lc.pt.bwd_input_s + comm_b)
+            tab["bwd_w"][u] += count * lc.pt.bwd_weight_s
+            tab["sel"][u] += count * lc.pt.selective_recompute_s
+            tab["full"][u] += count * (lc.pt.fwd_s + comm_f)
+            full_min = min(full_min, lc.pt.fwd_s + comm_f)
+            act["act_none"] = min(act["act_none"], lc.act_none_bytes)
+            act["act_sel"] = min(act["act_sel"], lc.act_bytes)
+            act["act_full"] = min(act["act_full"], lc.act_full_bytes)
+            tab["cp_buf"][u] = max(tab["cp_buf"][u], lc.cp_buffer_bytes)
+        tab["full_min"][u] = full_min
+        for key, val in act.items():
+            tab[key][u] = val
+        emb = pass_times(embedding_ops(model, cfg), gpu)
+        head = pass_times(head_ops(model, cfg), gpu)
+        tab["fwd"][u] += emb.fwd_s + head.fwd_s
+        tab["bwd_in"][u] += head.bwd_input_s
+        tab["bwd_w"][u] += emb.bwd_s + head.bwd_weight_s
+        tab["act_emb"][u] = embedding_activation_bytes(model, cfg)
+    t_ = {k: v[inv] for k, v in tab.items()}
+    # ---- schedule: equal-rank time factor, in-flight micro-batches and layers of ranks 0 and p-1 ---------------
+    L = model.num_layers
+    uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
+    factor, infl0, infl1 = (np.empty(len(uniq)) for _ in range(3))
+    first, last = np.empty(len(uniq), dtype=np.int64), np.empty(len(uniq), dtype=np.int64)
+    for u, (si, p, m, v) in enumerate(uniq.tolist()):
+        sched = SCHEDULES[space.schedules[si]]
+        ones, zeros = [1.0] * p, [0.0] * p
+        factor[u] = min(sched.time(ones, zeros, zeros, m, v).total_s, sched.time(zeros, ones, zeros, m, v).total_s,
+                        sched.time(zeros, zeros, ones, m, v).total_s)
+        infl0[u], infl1[u] = sched.inflight(p, m, v, 0), sched.inflight(p, m, v, p - 1)
+        counts = even_layer_split(L, p * v)
+        first[u] = sum(counts[sched.stage_index(p, v, 0, c)] for c in range(v))
+        last[u] = sum(counts[sched.stage_index(p, v, p - 1, c)] for c in range(v))
+    # ---- parameters on one GPU ------------------------------------------------------------------------------------
+    norms = 2 * norm_params(model)
+    dense_pl = (layer_params(model) - norms) / tp + norms
+    expert_pl = np.zeros(len(tp))
+    if model.is_moe:
+        ep_part = expert_params_per_layer(model)
+        moe_dense = (layer_params(model, moe=True) - ep_part - norms) / tp + norms
+        dense_pl = np.minimum(dense_pl, moe_dense) if n_dense else moe_dense
+        expert_pl = ep_part / (ep * tp)
+    stages = pp * vpp
+    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
+    head_p = (head_params(model) + np.where(stages > 1, tied_copy, 0)) / tp
+    dp_shard = space.dp * cp
+    return GroupTables(
+        fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],
+        full_s=t_["full"], layer_full_min_s=t_["full_min"],
+        factor=factor[inv], inflight_first=infl0[inv], inflight_last=infl1[inv],
+        layers_first=first[inv], layers_last=last[inv],
+        act_none_bytes=t_["act_none"], act_selective_bytes=t_["act_sel"], act_full_bytes=t_["act_full"],
+        act_embedding_bytes=t_["act_emb"], cp_buffer_bytes=t_["cp_buf"],
+        dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
+        embedding_params=embedding_params(model, space.seq_len) / tp, head_params=head_p,
+        dp_shard=dp_shard, expert_dp_shard=np.maximum(1, dp_shard // ep), dense_layers=n_dense,
+        optimizer_s_per_param=ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
+
+
+def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
+    return t.fwd_s[g] + t.bwd_input_s[g] + t.bwd_weight_s[g]
+
+
+def group_time_bound(space: Space, t: GroupTables) -> np.ndarray:
+    """Cheap lower bound on the step time of every row of each group (its no-recomputation rows' bound)."""
+    g = np.arange(len(space.groups))
+    return _work_s(t, g) / space.col("pp") * t.factor
+
+
+def _recompute_s(space: Space, t: GroupTables, g: np.ndarray, rec: np.ndarray) -> np.ndarray:
+    """Extra time of a recomputation code over the whole model (a floor for "full on k layers per stage")."""
+    pp, vpp = space.col("pp")[g], space.col("vpp")[g]
+    stages = pp * vpp
+    L = space.num_layers
+    base, extra = L // stages, L % stages
+    k = recompute_k(rec)
+    full_k_layers = extra * np.minimum(base + 1, k) + (stages - extra) * np.minimum(base, k)
+    return np.select([rec == REC_SELECTIVE, rec == REC_FULL_ALL, rec >= REC_FULL_K],
+                     [t.selective_s[g], t.full_s[g], full_k_layers * t.layer_full_min_s[g]], 0.0)
+
+
+def refined_group_bound(space: Space, t: GroupTables, g: int) -> float:
+    """The group's schedule time with p equal ranks at its own F / B / W split (see the module docstring)."""
+    row = space.groups[g]
+    p, v, m = int(row[G["pp"]]), int(row[G["vpp"]]), int(space.num_microbatches[g])
+    sched = SCHEDULES[space.schedules[int(row[G["sched"]])]]
+    f, b, w = t.fwd_s[g] / p, t.bwd_input_s[g] / p, t.bwd_weight_s[g] / p
+    return sched.time([f] * p, [b] * p, [w] * p, m, v).total_s
+
+
+def row_time_bound(space: Space, t: GroupTables, rows: Rows, group_floor: np.ndarray | None = None) -> np.ndarray:
+    """Lower bound on each row's step time: the cheap pipeline bound (or the group's refined one, if larger) plus
+    the optimizer step of the larger of ranks 0 and p-1."""
+    g = rows.group
+    pipe = (_work_s(t, g) + _recompute_s(space, t, g, rows.rec)) / space.col("pp")[g] * t.factor[g]
+    if group_floor is not None:
+        pipe = np.maximum(pipe, group_floor)
+    return pipe + _optimizer_s(space, t, rows)
+
+
+def _local_params(t: GroupTables, g: np.ndarray, n_layers: np.ndarray,
+                  extra_dense: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense and expert parameters on one GPU holding n_layers (+ embedding / head parameters)."""
+    dense = n_layers * t.dense_params_per_layer[g] + extra_dense
+    expert = np.maximum(0, n_layers - t.dense_layers) * t.expert_params_per_layer[g]
+    return dense, expert
+
+
+def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
+    """The optimizer step reads and writes the states of the parameters a GPU updates (sharded from ZeRO-1 on)."""
+    g, z = rows.group, rows.zero
+    single = space.col("pp")[g] == 1
+    out = np.zeros(len(g))
+    for n, extra in ((t.layers_first[g], t.embedding_params[g] + np.where(single, t.head_params[g], 0.0)),
+                     (t.layers_last[g], np.where(single, t.embedding_params[g], t.head_params[g]))):
+        dense, expert = _local_params(t, g, n, extra)
+        local = np.where(z >= 1, dense / t.dp_shard[g] + expert / t.expert_dp_shard[g], dense + expert)
+        out = np.maximum(out, local * t.optimizer_s_per_param)
+    return out
+
+
+def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.ndarray,
+                  extra_dense: np.ndarray) -> np.ndarray:
+    """Weights, gradients and optimizer states of one GPU holding n_layers (ZeRO stage sharding, Rajbhandari 2020)."""
+    dense, expert = _local_params(t, g, n_layers, extra_dense)
+
+    def sharded(on: np.ndarray) -> np.ndarray:
+        return np.where(on, dense / t.dp_shard[g], dense) + np.where(on, expert / t.expert_dp_shard[g], expert)
+
+    return WEIGHT_BYTES * sharded(zero >= 3) + GRAD_BYTES * sharded(zero >= 2) + OPTIMIZER_BYTES * sharded(zero >= 1)
+
+
+def _activation_bytes(t: GroupTables, g: np.ndarray, rec: np.ndarray, n_layers: np.ndarray,
+                      vpp: np.ndarray) -> np.ndarray:
+    """Activations of one micro-batch through n_layers (vpp equal chunks) under a recomputation code."""
+    full = np.select([rec == REC_FULL_ALL, rec >= REC_FULL_K], [n_layers, vpp * np.minimum(n_layers // vpp,
+                                                                                           recompute_k(rec))], 0)
+    kept = np.where(rec == REC_SELECTIVE, t.act_selective_bytes[g], t.act_none_bytes[g])
+    return full * t.act_full_bytes[g] + (n_layers - full) * kept
+
+
+def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
+    """Lower bound on the peak memory: the larger of ranks 0 and p-1; of the workspace only the CP buffers."""
+    g, z, rec = rows.group, rows.zero, rows.rec
+    vpp = space.col("vpp")[g]
+    single = space.col("pp")[g] == 1
+    n0, n1 = t.layers_first[g], t.layers_last[g]
+    emb_p, head_p = t.embedding_params[g], t.head_params[g]
+    first = _states_bytes(t, g, z, n0, emb_p + np.where(single, head_p, 0.0)) + \
+        (_activation_bytes(t, g, rec, n0, vpp) + t.act_embedding_bytes[g]) * t.inflight_first[g]
+    last = _states_bytes(t, g, z, n1, np.where(single, emb_p, head_p)) + \
+        (_activation_bytes(t, g, rec, n1, vpp) + np.where(single, t.act_embedding_bytes[g], 0.0)) * \
+        t.inflight_last[g]
+    return np.maximum(first, last) + t.cp_buffer_bytes[g]
+
+
+def group_memory_bound(space: Space, t: GroupTables) -> np.ndarray:
+    """Lower bound on the peak memory of every row of each group: its largest ZeRO stage with full recompute."""
+    g = np.arange(len(space.groups))
+    zmax = np.full(len(g), max(space.zero_stages), dtype=np.int64)
+    recs = [c for c in space.rec_codes]
+    best = None
+    for code in recs:  # activations per layer: the smallest of the recompute modes the space allows
+        b = row_memory_bound(space, t, Rows(g, zmax, np.full(len(g), code, dtype=np.int64)))
+        best = b if best is None else np.minimum(best, b)
+    return best if best is not None else np.zeros(len(g))

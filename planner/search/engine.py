@@ -1,0 +1,308 @@
+"""Best-first branch and bound over the search space, with exact evaluation by the cost model.
+
+Method (which part does what, and why):
+
+1. :mod:`planner.search.space` enumerates every *group* of configurations (degrees, micro-batch, schedule, virtual
+   stages, SP) over the divisor lattice; a group's members differ only in ZeRO stage and recomputation.
+2. :mod:`planner.search.bounds` computes, vectorized with numpy over all groups at once, a lower bound on the step
+   time and on the peak memory of every member of each group. Groups whose memory bound exceeds the limit are
+   dropped whole; the others are visited in order of their time bound.
+3. A visited group is expanded (numpy) into its rows, each with its own bounds; rows go onto a heap by bound.
+4. Rows come off the heap in bound order and are evaluated exactly by ``planner.cost.step.estimate`` (the same
+   function ``planner estimate`` uses). The search keeps the K best feasible plans and stops when the smallest bound
+   left, among rows and unvisited groups, is larger than the K-th best exact value. Since no bound exceeds the
+   exact value of its row (checked on every evaluated row and counted as ``bound_violations``), nothing pruned can
+   beat what was kept: the result is the exact optimum of the space (ties broken by peak memory, then by a fixed
+   order of the knobs, so the output is deterministic).
+5. :mod:`planner.search.partition` (a dynamic program, run on the kept plans with a pipeline) proposes uneven
+   layer splits and per-stage recomputation under each stage's memory limit; a proposal is kept only if its exact
+   estimate is better.
+
+Exhaustive enumeration is what makes optimality easy to argue; numpy makes it cheap to bound millions of rows; the
+exact model is only called where a bound cannot decide.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from planner.cost.step import Estimate, estimate
+from planner.cost.validity import config_problems
+from planner.errors import InfeasibleError, PlannerError
+from planner.search.bounds import (group_memory_bound, group_tables, group_time_bound, refined_group_bound,
+                                   row_memory_bound, row_time_bound)
+from planner.search.partition import partition
+from planner.search.space import GROUP_COLS, SearchSpace, Space, build_space
+from planner.specs.config import RunConfig
+from planner.specs.hardware import GIB, Cluster
+from planner.specs.model import ModelSpec
+
+OBJECTIVES = ("time", "memory")
+#: groups expanded at a time; small enough that few rows are built past the stopping point, large enough that
+#: numpy's per-call overhead stays amortized
+EXPANSION_BATCH = 64
+#: relative slack when checking that a bound does not exceed the exact value (floating-point summation order)
+BOUND_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated configuration."""
+
+    config: RunConfig
+    estimate: Estimate
+
+    def objective(self, objective: str) -> tuple[float, float]:
+        e = self.estimate
+        return (e.step_time_s, e.peak_memory_bytes) if objective == "time" else (e.peak_memory_bytes, e.step_time_s)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Candidate
+    alternatives: tuple[Candidate, ...]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ranked(self) -> tuple[Candidate, ...]:
+        return (self.best,) + self.alternatives
+
+
+def memory_limit_bytes(cluster: Cluster, max_memory_gib: float | None = None) -> float:
+    """Usable memory per GPU: HBM less the profile's reserve, capped by the user's --max-memory-gib."""
+    limit = cluster.gpu.hbm_bytes - cluster.gpu.memory_reserve_bytes
+    if max_memory_gib is not None:
+        limit = min(limit, max_memory_gib * GIB)
+    return limit
+
+
+def _sort_key(cfg: RunConfig) -> tuple:
+    """A fixed total order on configurations, for deterministic tie-breaking."""
+    return (cfg.tp, cfg.pp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.vpp, cfg.micro_batch_size, cfg.schedule,
+            not cfg.sequence_parallel, cfg.zero_stage, cfg.recompute, cfg.recompute_num_layers or 0,
+            cfg.layers_per_stage or (), cfg.recompute_layers_per_stage or ())
+
+
+class _TopK:
+    """The K best feasible candidates by (objective, secondary, knob order)."""
+
+    def __init__(self, k: int, objective: str):
+        self.k, self.objective = k, objective
+        self.items: list[tuple[tuple, Candidate]] = []
+
+    def offer(self, cand: Candidate) -> None:
+        key = cand.objective(self.objective) + (_sort_key(cand.config),)
+        if len(self.items) == self.k and key >= self.items[-1][0]:
+            return
+        same = [i for i, (k, c) in enumerate(self.items) if c.config == cand.config or k[:2] == key[:2]]
+        if same:  # the same plan, or one the cost model cannot tell apart: list it once, by the knob order
+            i = same[0]
+            if key < self.items[i][0]:
+                self.items[i] = (key, cand)
+                self.items.sort(key=lambda kv: kv[0])
+            return
+        self.items.append((key, cand))
+        self.items.sort(key=lambda kv: kv[0])
+        del self.items[self.k:]
+
+    @property
+    def threshold(self) -> float:
+        """The K-th best objective value (inf until K are kept)."""
+        return self.items[-1][0][0] if len(self.items) == self.k else math.inf
+
+    def candidates(self) -> list[Candidate]:
+        return [c for _, c in self.items]
+
+
+def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int, *,
+           objective: str = "time", top: int = 3, max_memory_gib: float | None = None,
+           space: SearchSpace = SearchSpace(), refine_partition: bool = True) -> SearchResult:
+    """The best plan (and the next ``top`` best) for training ``model`` on ``num_gpus`` GPUs of ``cluster``.
+
+    Raises InfeasibleError (with the reason and the nearest change that would work) when nothing fits.
+    """
+    if objective not in OBJECTIVES:
+        raise PlannerError(f"unknown objective '{objective}'", source="--objective", fix="use time or memory")
+    for name, value in (("--gpus", num_gpus), ("--global-batch", global_batch), ("--seq-len", seq_len)):
+        if value < 1:
+            raise PlannerError(f"must be >= 1, got {value}", source=name)
+    if top < 0:
+        raise PlannerError(f"must be >= 0, got {top}", source="--top")
+    if cluster.max_gpus and num_gpus > cluster.max_gpus:
+        raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
+                           fix=f"use --gpus <= {cluster.max_gpus}")
+    t0 = time.perf_counter()
+    limit = memory_limit_bytes(cluster, max_memory_gib)
+    sp = build_space(model, cluster, num_gpus, global_batch, seq_len, space)
+    kept, stats = _branch_and_bound(model, cluster, sp, objective, top + 1, limit)
+    if refine_partition:
+        _refine_partitions(model, cluster, kept, limit, stats)
+    stats["time_s"] = time.perf_counter() - t0
+    stats["candidates_per_s"] = stats["candidates"] / stats["time_s"] if stats["time_s"] > 0 else 0.0
+    stats["objective"] = objective
+    stats["memory_limit_gib"] = limit / GIB
+    if not kept.items:
+        raise _infeasible(model, cluster, sp, num_gpus, global_batch, seq_len, limit, max_memory_gib, space, stats)
+    ranked = kept.candidates()
+    return SearchResult(best=ranked[0], alternatives=tuple(ranked[1:]), stats=stats)
+
+
+_GROUP, _ROW = 0, 1
+
+
+def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: str, k: int,
+                      limit: float) -> tuple[_TopK, dict[str, Any]]:
+    kept = _TopK(k, objective)
+    stats: dict[str, Any] = {"candidates": sp.size(), "groups": len(sp.groups), "pruned_by_memory_bound": 0,
+                             "pruned_by_objective_bound": 0, "exact_evaluations": 0, "invalid": 0,
+                             "infeasible_evaluated": 0, "bound_violations": 0, "groups_expanded": 0,
+                             "min_memory_bound_gib": None}
+    if not len(sp.groups):
+        return kept, stats
+    tables = group_tables(model, cluster, sp)
+    per_group = sp.rows_per_group()
+    g_mem = group_memory_bound(sp, tables)
+    stats["min_memory_bound_gib"] = float(g_mem.min()) / GIB
+    by_time = objective == "time"
+    g_bound = group_time_bound(sp, tables) if by_time else g_mem
+    alive = np.flatnonzero(g_mem <= limit)
+    stats["pruned_by_memory_bound"] += int(per_group.sum() - per_group[alive].sum())
+    order = alive[np.argsort(g_bound[alive], kind="stable")]
+    # one heap of groups (bound refined) and rows (bound of the row); unvisited groups wait in `order`
+    heap: list[tuple[float, int, int, Any]] = []
+    gi, seq = 0, 0
+    while True:
+        next_group = g_bound[order[gi]] if gi < len(order) else math.inf
+        top = heap[0][0] if heap else math.inf
+        if min(next_group, top) > kept.threshold or (gi >= len(order) and not heap):
+            break  # every bound left is above the K-th best exact value: nothing left can enter
+        if next_group <= top:
+            batch = order[gi:gi + EXPANSION_BATCH]
+            gi += len(batch)
+            for g in batch.tolist():
+                bound = max(g_bound[g], refined_group_bound(sp, tables, g)) if by_time else g_bound[g]
+                heapq.heappush(heap, (bound, seq, _GROUP, g))
+                seq += 1
+            continue
+        bound, _, kind, payload = heapq.heappop(heap)
+        if kind == _GROUP:
+            ids, floors = [payload], [bound]
+            while heap and heap[0][2] == _GROUP and len(ids) < EXPANSION_BATCH:
+                b2, _, _, g2 = heapq.heappop(heap)
+                ids.append(g2)
+                floors.append(b2)
+            stats["groups_expanded"] += len(ids)
+            rows = sp.expand(np.array(ids, dtype=np.int64))
+            floor = np.repeat(np.array(floors), per_group[ids]) if by_time else None
+            mem = row_memory_bound(sp, tables, rows)
+            tb = row_time_bound(sp, tables, rows, floor)
+            ok = mem <= limit
+            stats["pruned_by_memory_bound"] += int((~ok).sum())
+            rb = tb if by_time else mem
+            for i in np.flatnonzero(ok).tolist():
+                heapq.heappush(heap, (float(rb[i]), seq, _ROW, (int(rows.group[i]), int(rows.zero[i]),
+                                                                int(rows.rec[i]), float(tb[i]), float(mem[i]))))
+                seq += 1
+            continue
+        g, z, r, tb_i, mem_i = payload
+        cfg = sp.config(g, z, r)
+        if config_problems(model, cluster, cfg):
+            stats["invalid"] += 1
+            continue
+        est = estimate(model, cluster, cfg, check=False)
+        stats["exact_evaluations"] += 1
+        if est.step_time_s < tb_i * (1 - BOUND_RTOL) or est.peak_memory_bytes < mem_i * (1 - BOUND_RTOL):
+            stats["bound_violations"] += 1
+        if est.peak_memory_bytes > limit:
+            stats["infeasible_evaluated"] += 1
+            continue
+        kept.offer(Candidate(cfg, est))
+    # rows neither evaluated nor pruned by memory were pruned by the objective bound
+    left = sum(per_group[p] if kind == _GROUP else 1 for _, _, kind, p in heap) + int(per_group[order[gi:]].sum())
+    stats["pruned_by_objective_bound"] = left
+    return kept, stats
+
+
+def _refine_partitions(model: ModelSpec, cluster: Cluster, kept: "_TopK", limit: float, stats: dict) -> None:
+    """Offer the uneven layer split and per-stage recomputation of ``partition`` for each kept pipelined plan."""
+    stats["partitions_tried"] = stats["partitions_improved"] = 0
+    for cand in kept.candidates():
+        if cand.config.pp < 2:
+            continue
+        stats["partitions_tried"] += 1
+        cfg = partition(model, cluster, cand.config)
+        if cfg == cand.config:
+            continue
+        est = estimate(model, cluster, cfg, check=False)
+        stats["exact_evaluations"] += 1
+        if est.peak_memory_bytes <= limit and est.step_time_s < cand.estimate.step_time_s:
+            stats["partitions_improved"] += 1
+            kept.offer(Candidate(cfg, est))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Infeasible requests: say why, and what nearest change would work
+# ---------------------------------------------------------------------------------------------------------------
+#: how far --gpus is scaled up when looking for the nearest GPU count that fits (2x, 4x, ... up to 2**this)
+MAX_GPU_DOUBLINGS = 8
+
+
+def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, global_batch: int, seq_len: int,
+                limit: float, max_memory_gib: float | None, space: SearchSpace, stats: dict) -> InfeasibleError:
+    if not len(sp.groups):
+        simple = RunConfig(num_gpus=num_gpus, global_batch_size=global_batch, seq_len=seq_len)
+        problems = config_problems(model, cluster, simple)
+        why = problems[0][1] if problems else "no parallel layout of these GPUs divides the batch and the model"
+        fix = _batch_fix(num_gpus, global_batch)
+        return InfeasibleError(f"no valid configuration of {model.name} on {num_gpus} GPUs: {why}", source="plan",
+                               fix=fix)
+    need = stats.get("min_memory_bound_gib")
+    msg = (f"no configuration of {model.name} fits in {limit / GIB:.1f} GiB per GPU on {num_gpus} x "
+           f"{cluster.gpu.name} at global batch {global_batch}, sequence {seq_len}")
+    if need is not None:
+        msg += f" (even with ZeRO-3, full recompute and micro-batch 1 a GPU needs at least {need:.1f} GiB)"
+    fixes = []
+    more = _nearest_gpu_count(model, cluster, num_gpus, global_batch, seq_len, limit, space)
+    if more:
+        fixes.append(f"use --gpus {more}")
+    else:
+        fixes.append(f"more than {num_gpus * 2 ** MAX_GPU_DOUBLINGS} GPUs or a GPU with more memory")
+    if max_memory_gib is not None:
+        fixes.append("raise --max-memory-gib")
+    if seq_len > 2048:
+        fixes.append("or a shorter --seq-len")
+    return InfeasibleError(msg, source="plan", fix="; ".join(fixes))
+
+
+def _batch_fix(num_gpus: int, global_batch: int) -> str:
+    g = math.gcd(num_gpus, global_batch)
+    return (f"the data-parallel degree must divide the global batch {global_batch}: use a global batch that shares "
+            f"more factors with {num_gpus} (e.g. {num_gpus}) or a GPU count such as {g * max(1, num_gpus // g)}")
+
+
+def _nearest_gpu_count(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,
+                       limit: float, space: SearchSpace) -> int | None:
+    """The smallest num_gpus * 2^i (i >= 1) on which some configuration fits (checked exactly)."""
+    for i in range(1, MAX_GPU_DOUBLINGS + 1):
+        n = num_gpus * 2 ** i
+        if cluster.max_gpus and n > cluster.max_gpus:
+            return None
+        sp = build_space(model, cluster, n, global_batch, seq_len, space)
+        if not len(sp.groups):
+            continue
+        t = group_tables(model, cluster, sp)
+        if group_memory_bound(sp, t).min() > limit:
+            continue
+        kept, _ = _branch_and_bound(model, cluster, sp, "memory", 1, limit)
+        if kept.items:
+            return n
+    return None
+
+
+__all__ = ["Candidate", "SearchResult", "SearchSpace", "OBJECTIVES", "GROUP_COLS", "memory_limit_bytes", "search"]

@@ -1,0 +1,217 @@
+"""The search space: every combination of knobs ``planner plan`` may choose, enumerated as numpy columns.
+
+Enumeration happens in two levels, both exhaustive:
+
+* *groups*, built in plain Python over the divisor lattice: (TP, CP and its kind, PP, EP, micro-batch size,
+  schedule, virtual stages, sequence parallelism). Only divisors are visited and each rule of
+  :mod:`planner.cost.validity` about these degrees is applied while walking, so even 10^5 GPUs give a few tens of
+  thousands of groups, stored as one numpy array;
+* *rows*, the members of a group: one per ZeRO stage and recomputation variant (none, selective, full on every
+  layer, or full on the first ``k`` layers of each stage for k = 1 .. layers-per-stage - 1). Rows are built with
+  numpy for any set of groups (:meth:`Space.expand`), so the search materializes only the groups it cannot prune
+  as a whole.
+
+Every row is one configuration with its layers split evenly over the stages (Megatron's default). No valid
+configuration of the space is left out; rows are checked again with ``config_problems`` before they are evaluated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.cost.schedule import SCHEDULES
+from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
+from planner.specs.hardware import Cluster
+from planner.specs.model import ModelSpec
+
+#: recomputation variant codes of the ``rec`` column; codes >= REC_FULL_K mean "full on the first (code - 2)
+#: layers of every stage" (Megatron --recompute-method block --recompute-num-layers k)
+REC_NONE, REC_SELECTIVE, REC_FULL_ALL, REC_FULL_K = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What the search may vary. Defaults: everything the cost model knows."""
+
+    schedules: tuple[str, ...] = field(default_factory=lambda: tuple(SCHEDULES))
+    recompute_modes: tuple[str, ...] = RECOMPUTE_MODES
+    zero_stages: tuple[int, ...] = ZERO_STAGES
+    cp_kinds: tuple[str, ...] = CP_KINDS
+    sequence_parallel: tuple[bool, ...] = (True, False)
+    #: try "full on the first k layers of each stage" for every k (else only full on all layers)
+    partial_recompute: bool = True
+    max_tp: int | None = None  # None = one node
+    max_cp: int | None = None
+    max_pp: int | None = None
+    micro_batch_sizes: tuple[int, ...] | None = None  # None = every divisor
+
+
+def divisors(n: int) -> list[int]:
+    """Sorted divisors of n."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _tp_ok(model: ModelSpec, tp: int) -> bool:
+    """Heads divisible by TP; KV heads divisible by TP or replicated (TP a multiple of them), as validity says."""
+    return model.num_heads % tp == 0 and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
+
+
+#: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules
+GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp")
+G = {name: j for j, name in enumerate(GROUP_COLS)}
+
+
+def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,
+               space: SearchSpace) -> list[tuple[int, ...]]:
+    """Every group tuple that passes the degree rules of ``config_problems``."""
+    L = model.num_layers
+    max_tp = min(space.max_tp or cluster.gpus_per_node, cluster.gpus_per_node)
+    kinds = [k for k in space.cp_kinds if k in CP_KINDS]
+    scheds = [SCHEDULES[s] for s in space.schedules]
+    sp_opts = sorted({int(x) for x in space.sequence_parallel})
+    rows: list[tuple[int, ...]] = []
+    for tp in divisors(num_gpus):
+        if tp > max_tp or not _tp_ok(model, tp):
+            continue
+        sps = sp_opts if tp > 1 else [0]  # SP is a no-op without TP: one choice, "off"
+        for cp in divisors(num_gpus // tp):
+            if space.max_cp and cp > space.max_cp:
+                continue
+            if cp > 1 and seq_len % (2 * cp):
+                continue
+            for kind in (kinds if cp > 1 else kinds[:1]):
+                if kind == "ulysses" and model.num_heads % (cp * tp):
+                    continue
+                k_idx = CP_KINDS.index(kind)
+                for pp in divisors(num_gpus // (tp * cp)):
+                    if pp > L or (space.max_pp and pp > space.max_pp):
+                        continue
+                    dp = num_gpus // (tp * cp * pp)
+                    if global_batch % dp:
+                        continue
+                    eps = [1]
+                    if model.is_moe:
+                        eps = [e for e in divisors(dp * cp) if model.num_experts % e == 0]
+                    mbs = divisors(global_batch // dp)
+                    if space.micro_batch_sizes is not None:
+                        mbs = [b for b in mbs if b in space.micro_batch_sizes]
+                    for mb in mbs:
+                        m = global_batch // (dp * mb)
+                        for s_idx, sched in enumerate(scheds):
+                            if sched.supports_vpp:
+                                vpps = [v for v in divisors(L // pp) if v >= 2 and L % (pp * v) == 0] if pp > 1 else []
+                            else:
+                                vpps = [1]
+                            for v in vpps:
+                                if sched.check(pp, m, v):
+                                    continue
+                                for ep in eps:
+                                    for sp in sps:
+                                        rows.append((tp, cp, k_idx, pp, ep, mb, s_idx, v, sp))
+    return rows
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Members of some groups: ``group`` indexes ``Space.groups``; ``rec`` uses the REC_* codes."""
+
+    group: np.ndarray
+    zero: np.ndarray
+    rec: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def take(self, mask_or_idx: np.ndarray) -> "Rows":
+        return Rows(self.group[mask_or_idx], self.zero[mask_or_idx], self.rec[mask_or_idx])
+
+
+def recompute_k(rec: np.ndarray) -> np.ndarray:
+    """Layers per stage fully recomputed by a REC_FULL_K code (0 for the other codes)."""
+    return np.where(rec >= REC_FULL_K, rec - REC_FULL_K + 1, 0)
+
+
+@dataclass(frozen=True)
+class Space:
+    """All groups of one planning request, and how to expand them into rows (configurations)."""
+
+    groups: np.ndarray  # (n_groups, len(GROUP_COLS)) int64
+    schedules: tuple[str, ...]
+    num_layers: int
+    num_gpus: int
+    global_batch: int
+    seq_len: int
+    zero_stages: tuple[int, ...]
+    rec_codes: tuple[int, ...]  # from REC_NONE, REC_SELECTIVE, REC_FULL_ALL
+    partial_recompute: bool
+
+    def col(self, name: str) -> np.ndarray:
+        return self.groups[:, G[name]]
+
+    @property
+    def dp(self) -> np.ndarray:
+        return self._derived()[0]
+
+    @property
+    def num_microbatches(self) -> np.ndarray:
+        return self._derived()[1]
+
+    def _derived(self) -> tuple[np.ndarray, np.ndarray]:
+        """(dp, num_microbatches) per group, computed once."""
+        cached = self.__dict__.get("_cache")
+        if cached is None:
+            dp = self.num_gpus // (self.col("tp") * self.col("cp") * self.col("pp"))
+            cached = (dp, self.global_batch // (dp * self.col("mb")))
+            object.__setattr__(self, "_cache", cached)
+        return cached
+
+    def max_chunk(self) -> np.ndarray:
+        """Largest chunk of the even split (``even_layer_split``): ceil(L / (pp * vpp)), per group."""
+        return -(-self.num_layers // (self.col("pp") * self.col("vpp")))
+
+    def rows_per_group(self) -> np.ndarray:
+        n_partial = self.max_chunk() - 1 if self.partial_recompute and REC_FULL_ALL in self.rec_codes else 0
+        return (len(self.rec_codes) + n_partial) * len(self.zero_stages)
+
+    def size(self) -> int:
+        """Number of configurations (rows) in the whole space."""
+        return int(self.rows_per_group().sum()) if len(self.groups) else 0
+
+    def expand(self, group_ids: np.ndarray) -> Rows:
+        """All rows of the given groups."""
+        group_ids = np.asarray(group_ids, dtype=np.int64)
+        per = self.rows_per_group()[group_ids] if len(self.groups) else np.zeros(0, dtype=np.int64)
+        idx = np.repeat(group_ids, per)
+        start = np.repeat(np.cumsum(per) - per, per)
+        off = np.arange(len(idx)) - start
+        zeros = np.array(self.zero_stages, dtype=np.int64)
+        z = zeros[off % len(zeros)]
+        r = off // len(zeros)
+        base = np.array(self.rec_codes, dtype=np.int64)
+        nb = len(base)
+        rec = np.where(r < nb, base[np.minimum(r, nb - 1)], REC_FULL_K + (r - nb))
+        return Rows(idx, z, rec)
+
+    def config(self, group: int, zero: int, rec: int) -> RunConfig:
+        g = {name: int(self.groups[group, j]) for j, name in enumerate(GROUP_COLS)}
+        mode = "none" if rec == REC_NONE else "selective" if rec == REC_SELECTIVE else "full"
+        return RunConfig(
+            num_gpus=self.num_gpus, tp=g["tp"], pp=g["pp"], cp=g["cp"], ep=g["ep"], vpp=g["vpp"],
+            global_batch_size=self.global_batch, micro_batch_size=g["mb"], seq_len=self.seq_len,
+            sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
+            recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
+            schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]])
+
+
+def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,
+                space: SearchSpace = SearchSpace()) -> Space:
+    rows = group_rows(model, cluster, num_gpus, global_batch, seq_len, space)
+    rec_codes = tuple(code for mode, code in (("none", REC_NONE), ("selective", REC_SELECTIVE),
+                                              ("full", REC_FULL_ALL)) if mode in space.recompute_modes)
+    return Space(groups=np.array(rows, dtype=np.int64).reshape(-1, len(GROUP_COLS)),
+                 schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
+                 global_batch=global_batch, seq_len=seq_len, zero_stages=tuple(sorted(space.zero_stages)),
+                 rec_codes=rec_codes, partial_recompute=space.partial_recompute)

@@ -1,0 +1,223 @@
+"""Mixture of experts and expert parallelism: parameter counts pinned to published totals, MLA shapes, token
+all-to-all volumes, expert sharding of weights and optimizer states, EP validity rules, and the estimate."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.cost import comm
+from planner.cost.compute import layer_ops, model_flops_per_step
+from planner.cost.memory import active_params, embedding_params, expert_params_per_layer, mla_params, total_params
+from planner.cost.moe import (dispatch_bytes, ep_all_to_all_bytes_per_layer, ep_layer_cost, expert_params_per_gpu,
+                              tokens_per_local_expert)
+from planner.cost.step import estimate
+from planner.cost.validity import config_problems
+from planner.errors import PlannerError
+from planner.specs.config import RunConfig
+from planner.specs.hardware import load_cluster
+from planner.specs.model import load_model, model_from_config, model_specs_dir
+
+H100 = load_cluster("h100-80gb-sxm")
+H800 = load_cluster("h800-80gb-sxm")
+MIXTRAL = load_model("mixtral-8x7b")
+MIXTRAL22 = load_model("mixtral-8x22b")
+DSV3 = load_model("deepseek-v3")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parameter counts against published totals
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, total_b, active_b, rel", [
+    ("mixtral-8x7b", 46.7, 12.9, 0.005),  # Jiang et al. 2024 (Mixtral of Experts) / HF model card: 46.7B, 12.9B
+    ("mixtral-8x22b", 141, 39, 0.01),  # Mistral AI release notes: 141B total, 39B active
+    ("deepseek-v3", 671, 37, 0.02),  # DeepSeek-V3 technical report (2024): 671B total, 37B activated per token
+    ("qwen2.5-72b", 72.7, 72.7, 0.005),  # Qwen2.5-72B model card: 72.7B
+])
+def test_total_and_active_parameters(name, total_b, active_b, rel):
+    m = load_model(name)
+    assert total_params(m) / 1e9 == pytest.approx(total_b, rel=rel)
+    assert active_params(m) / 1e9 == pytest.approx(active_b, rel=rel)
+
+
+def test_mixtral_8x7b_by_hand():
+    """Per layer: attention 4096 x (4096 + 2 x 1024) + 4096 x 4096, 8 SwiGLU experts of 3 x 4096 x 14336, a
+    router of 4096 x 8 and two RMSNorms; plus untied 32000 x 4096 embedding and head and the final norm."""
+    attn = 4096 * (4096 + 2048) + 4096 * 4096
+    expert = 3 * 4096 * 14336
+    layer = attn + 8 * expert + 4096 * 8 + 2 * 4096
+    total = 32 * layer + 2 * 32000 * 4096 + 4096
+    assert total_params(MIXTRAL) == total
+    assert active_params(MIXTRAL) == total - 32 * 6 * expert
+    assert expert_params_per_layer(MIXTRAL) == 8 * expert
+
+
+def test_deepseek_v3_spec_and_mla_shapes():
+    assert (DSV3.num_experts, DSV3.experts_per_token, DSV3.num_shared_experts) == (256, 8, 1)
+    assert (DSV3.moe_ffn_hidden_size, DSV3.first_k_dense_layers, DSV3.num_moe_layers) == (2048, 3, 58)
+    assert DSV3.is_mla and (DSV3.attn_q_dim, DSV3.attn_k_dim, DSV3.attn_v_dim, DSV3.attn_out_dim) == (
+        128 * 192, 128 * 192, 128 * 128, 128 * 128)
+    # DeepSeek-V2 paper Sec. 2.1.2 shapes: W_DQ 7168x1536, W_UQ (with rope) 1536x128x192, W_DKV + W_KR
+    # 7168x(512+64), W_UK + W_UV 512x128x(128+128), W_O 128x128x7168, and the two latent RMSNorms
+    by_hand = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert mla_params(DSV3) == by_hand
+    assert by_hand / 1e6 == pytest.approx(187.1, abs=0.05)
+
+
+def test_moe_model_flops_are_six_times_active_matmul_parameters():
+    """At a short sequence (attention scores negligible) a step costs 6 FLOPs per active matmul weight per token
+    (Kaplan et al. 2020's 6N, with N the active parameters for MoE)."""
+    for m in (MIXTRAL, MIXTRAL22):
+        norms = (2 * m.num_layers + 1) * m.hidden_size
+        n_matmul = active_params(m) - embedding_params(m) - norms
+        assert model_flops_per_step(m, 1, 1) == pytest.approx(6 * n_matmul, rel=1e-3)
+
+
+def test_hf_loader_reads_deepseek_and_mixtral_fields():
+    d = json.loads((model_specs_dir() / "deepseek-v3.json").read_text())
+    m = model_from_config(d, default_name="deepseek-v3")
+    assert m == DSV3
+    assert (m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (
+        1536, 512, 128, 64, 128)
+    bad = dict(d)
+    del bad["qk_nope_head_dim"]
+    with pytest.raises(PlannerError):
+        model_from_config(bad)
+    mix = dict(json.loads((model_specs_dir() / "mixtral-8x7b.json").read_text()), num_experts_per_tok=9)
+    with pytest.raises(PlannerError):
+        model_from_config(mix)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Expert parallelism: all-to-all volume, compute, memory
+# ---------------------------------------------------------------------------------------------------------------
+def test_dispatch_volume_mixtral():
+    """Each GPU sends its T k token copies of h bf16 values per all-to-all: 4096 x 2 x 4096 x 2 B = 64 MiB, four
+    all-to-alls per MoE layer (dispatch and combine, forward and backward), (ep-1)/ep of it leaving the GPU."""
+    cfg = RunConfig(num_gpus=8, ep=8, seq_len=4096, global_batch_size=8)
+    assert dispatch_bytes(MIXTRAL, cfg) == 4096 * 2 * 4096 * 2 == 64 * 2**20
+    assert ep_all_to_all_bytes_per_layer(MIXTRAL, cfg) == 4 * 7 / 8 * 64 * 2**20
+    assert ep_all_to_all_bytes_per_layer(MIXTRAL, cfg.with_(ep=1)) == 0
+    # with SP each TP rank dispatches its own shard of the sequence
+    tp2 = RunConfig(num_gpus=16, tp=2, ep=8, seq_len=4096, global_batch_size=8)
+    assert dispatch_bytes(MIXTRAL, tp2) == 32 * 2**20
+
+
+def test_ep_layer_cost_is_four_all_to_alls_and_crosses_nodes_when_the_group_does():
+    cfg = RunConfig(num_gpus=64, ep=8, seq_len=4096, global_batch_size=64)
+    g = comm.groups_for(H100, 1, 1, 64, 1, ep=8)
+    c = ep_layer_cost(MIXTRAL, H100, cfg, g.ep, g.tp)
+    assert c.all_to_all_s == pytest.approx(comm.all_to_all_s(H100, g.ep, 64 * 2**20))
+    assert c.fwd_s == c.bwd_s == pytest.approx(2 * c.all_to_all_s)
+    assert not g.ep.spans_nodes
+    g16 = comm.groups_for(H100, 2, 1, 32, 1, ep=8)  # TP 2 spreads the 8 EP ranks over 2 nodes
+    assert g16.ep.spans_nodes
+    c16 = ep_layer_cost(MIXTRAL, H100, cfg.with_(tp=2), g16.ep, g16.tp)
+    assert c16.all_to_all_s > c.all_to_all_s / 2 and c16.expert_tp_s > 0
+
+
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8]))
+@settings(max_examples=16, deadline=None)
+def test_expert_flops_per_gpu_do_not_depend_on_ep_but_gemms_grow(ep, tp):
+    cfg = RunConfig(num_gpus=64, tp=tp, ep=ep, seq_len=4096, global_batch_size=64)
+    ops = {o.name: o for o in layer_ops(MIXTRAL, cfg, moe=True)}
+    base = {o.name: o for o in layer_ops(MIXTRAL, cfg.with_(ep=1), moe=True)}
+    k, h, f = 2, 4096, 14336
+    assert ops["experts_in"].flops + ops["experts_out"].flops == pytest.approx(3 * 2 * 4096 * k * h * f / tp)
+    assert ops["experts_in"].flops == pytest.approx(base["experts_in"].flops)
+    assert tokens_per_local_expert(MIXTRAL, cfg) == 4096 * k * ep / 8
+    assert ops["experts_in"].gemm_flops == pytest.approx(ep * base["experts_in"].gemm_flops)
+
+
+def test_expert_weights_and_optimizer_states_shard_over_ep_and_expert_dp():
+    """Mixtral on 64 GPUs, TP 1, PP 1, DP 64, EP 8: experts are split 8 ways; ZeRO-1 shards dense optimizer
+    states over 64 ranks and expert ones over the 64 / 8 = 8 expert-data-parallel ranks."""
+    cfg = RunConfig(num_gpus=64, ep=8, seq_len=4096, global_batch_size=64, zero_stage=1)
+    est = estimate(MIXTRAL, H100, cfg)
+    st0 = est.stages[0]
+    expert_total = 32 * expert_params_per_layer(MIXTRAL)
+    assert st0.params_expert == pytest.approx(expert_total / 8)
+    assert st0.params_expert == pytest.approx(32 * expert_params_per_gpu(MIXTRAL, cfg))
+    assert st0.params_dense == pytest.approx(total_params(MIXTRAL) - expert_total)
+    assert st0.memory_bytes["optimizer"] == pytest.approx(12 * (st0.params_dense / 64 + st0.params_expert / 8))
+    assert st0.memory_bytes["weights"] == pytest.approx(2 * (st0.params_dense + st0.params_expert))
+    # more EP: fewer expert weights per GPU, same optimizer bytes per expert parameter overall (dp*cp/ep shards)
+    est16 = estimate(MIXTRAL, H100, cfg.with_(ep=2))
+    assert est16.stages[0].params_expert == pytest.approx(4 * st0.params_expert)
+
+
+def test_moe_activations_include_dispatched_tokens():
+    from planner.cost.memory import activation_bytes_per_layer
+    cfg = RunConfig(num_gpus=8, ep=8, seq_len=4096, global_batch_size=8)
+    moe = activation_bytes_per_layer(MIXTRAL, cfg, "selective", moe=True)
+    dense = activation_bytes_per_layer(MIXTRAL, cfg, "selective", moe=False)
+    # two experts of SwiGLU width f (same as the dense MLP) + 2 x 2kh of routed token copies + router (fp32)
+    extra = 4096 * (6 * 14336 + 2 * 2 * 2 * 4096 + 4 * 8)
+    assert moe - dense == pytest.approx(extra)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validity (Megatron: EP divides DP x CP and the experts; SP with TP)
+# ---------------------------------------------------------------------------------------------------------------
+def _opts(model, **kw):
+    return [opt for opt, _ in config_problems(model, H100, RunConfig(**kw))]
+
+
+def test_ep_validity_rules():
+    assert _opts(MIXTRAL, num_gpus=64, ep=8, global_batch_size=64) == []
+    assert "ep" in _opts(MIXTRAL, num_gpus=8, tp=2, ep=8, global_batch_size=64)  # dp*cp = 4
+    assert _opts(MIXTRAL, num_gpus=16, tp=2, cp=2, ep=8, global_batch_size=64, seq_len=4096) == []  # dp*cp = 8
+    assert "ep" in _opts(MIXTRAL, num_gpus=64, ep=16, global_batch_size=64)  # 8 experts
+    assert "ep" in _opts(load_model("llama-3.1-8b"), num_gpus=64, ep=8, global_batch_size=64)
+    assert "sequence_parallel" in _opts(MIXTRAL, num_gpus=64, tp=2, ep=8, global_batch_size=64,
+                                        sequence_parallel=False)
+
+
+@given(tp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       ep=st.sampled_from([1, 2, 4, 8, 16]), gpus=st.sampled_from([16, 64, 128]))
+@settings(max_examples=80, deadline=None)
+def test_valid_ep_configs_obey_megatron_and_estimate(tp, cp, pp, ep, gpus):
+    cfg = RunConfig(num_gpus=gpus, tp=tp, cp=cp, pp=pp, ep=ep, seq_len=8192, global_batch_size=256,
+                    recompute="full")
+    if config_problems(MIXTRAL, H100, cfg):
+        return
+    assert (cfg.dp * cfg.cp) % ep == 0 and MIXTRAL.num_experts % ep == 0
+    est = estimate(MIXTRAL, H100, cfg)
+    assert est.step_time_s > 0 and (est.breakdown["ep_comm_s"] > 0) == (ep > 1)
+    assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Published MoE configuration and the CLI
+# ---------------------------------------------------------------------------------------------------------------
+def test_deepseek_v3_published_parallelism_fits_on_h800():
+    """DeepSeek-V3 technical report Sec. 3.2: 2048 H800s, PP 16, EP 64 (over 8 nodes), ZeRO-1 DP, no TP; sequence
+    4096, batch 15360 sequences. With full recompute (the report recomputes norms and MLA up-projections and
+    hides the all-to-alls under DualPipe, neither modelled) the configuration fits in 80 GB."""
+    cfg = RunConfig(num_gpus=2048, tp=1, pp=16, ep=64, global_batch_size=15360, seq_len=4096, zero_stage=1,
+                    recompute="full")
+    assert config_problems(DSV3, H800, cfg) == []
+    est = estimate(DSV3, H800, cfg)
+    assert est.fits and est.breakdown["ep_comm_s"] > 0
+    assert comm.groups_for(H800, 1, 1, cfg.dp, 16, ep=64).ep.members_per_node == 8
+
+
+def test_h800_profile_figures():
+    """DeepSeek-V3 report Sec. 3.1: H800 NVLink 160 GB/s, 400 Gb/s InfiniBand per GPU; compute as H100."""
+    assert H800.intra_node.bandwidth_bytes_per_s == 160e9
+    assert H800.inter_node.bandwidth_bytes_per_s == 50e9
+    assert H800.gpu.peak_flops == H100.gpu.peak_flops and H800.gpus_per_node == 8
+
+
+def test_estimate_cli_takes_ep():
+    r = CliRunner().invoke(app, ["estimate", "--model", "mixtral-8x7b", "--cluster", "h100-80gb-sxm", "--gpus", "64",
+                                 "--tp", "2", "--ep", "8", "--global-batch", "256", "--seq-len", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["parallelism"]["ep"] == 8 and d["estimate"]["breakdown"]["ep_comm_s"] > 0
+    bad = CliRunner().invoke(app, ["estimate", "--model", "mixtral-8x7b", "--cluster", "h100-80gb-sxm", "--gpus",
+                                   "64", "--ep", "16", "--global-batch", "256"])
+    assert bad.exit_code == 2 and "ep" in bad.output
