@@ -1,0 +1,105 @@
+"""``planner sweep``: the best plan for every combination of models, clusters, GPU counts, batches and lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from planner.cli.app import app, console, err, handle_errors
+from planner.errors import PlannerError
+
+#: rows printed in the terminal table; the CSV holds them all
+MAX_TABLE_ROWS = 50
+
+
+def split_values(values: list[str] | None, option: str) -> list[str]:
+    """Repeated options and comma-separated lists, both: ``--gpus 64,128 --gpus 256``."""
+    out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    if not out:
+        raise PlannerError("needs at least one value", source=option)
+    return out
+
+
+def int_values(values: list[str] | None, option: str) -> list[int]:
+    out = []
+    for v in split_values(values, option):
+        try:
+            n = int(v)
+        except ValueError:
+            raise PlannerError(f"not an integer: '{v}'", source=option, fix="e.g. 64,128,256")
+        if n < 1:
+            raise PlannerError(f"must be >= 1, got {n}", source=option)
+        out.append(n)
+    return out
+
+
+def result_table(df: Any) -> Table:
+    t = Table(title=f"Best plan per scenario ({len(df)} scenarios, {int(df['feasible'].sum())} feasible)")
+    for col in ("model", "cluster", "GPUs", "batch", "seq", "TP", "PP", "DP", "CP", "EP", "VPP", "mb", "schedule",
+                "recompute", "ZeRO", "step s", "MFU", "mem GiB"):
+        t.add_column(col, justify="left" if col in ("model", "cluster", "schedule", "recompute") else "right")
+    for r in df.head(MAX_TABLE_ROWS).itertuples(index=False):
+        head = [r.model, r.cluster, str(r.num_gpus), str(r.global_batch_size), str(r.seq_len)]
+        if not r.feasible:
+            t.add_row(*head, *[""] * 12, f"[red]{str(r.error)[:40]}[/]")
+            continue
+        t.add_row(*head, *(str(int(getattr(r, k))) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size")),
+                  str(r.schedule), str(r.recompute), str(int(r.zero_stage)), f"{r.step_time_s:.3f}",
+                  f"{100 * r.mfu:.1f}%", f"{r.peak_memory_gib:.1f}")
+    return t
+
+
+@app.command()
+@handle_errors
+def sweep(
+    model: list[str] = typer.Option(None, "--model", help="Model name or config.json (repeat, or comma-separate)"),
+    cluster: list[str] = typer.Option(None, "--cluster", help="Hardware profile name or path (repeat / commas)"),
+    gpus: list[str] = typer.Option(None, "--gpus", help="GPU counts, e.g. 64,128,256"),
+    global_batch: list[str] = typer.Option(None, "--global-batch", help="Global batch sizes in sequences"),
+    seq_len: list[str] = typer.Option(["2048"], "--seq-len", help="Sequence lengths in tokens"),
+    objective: str = typer.Option("time", "--objective", help="What the search optimizes (see `planner plan`)"),
+    top_k: int = typer.Option(1, "--top-k", help="Plans the search keeps per scenario (the best is reported)"),
+    max_memory_gib: float = typer.Option(None, "--max-memory-gib", help="Memory cap per GPU in GiB"),
+    jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
+    csv: Path = typer.Option(None, "--csv", help="Write every row to this CSV file"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table (with --csv)"),
+) -> None:
+    """Sweep scenarios (Cartesian product of the options) and report the best plan of each, e.g.
+    ``planner sweep --model llama-3.1-70b --cluster h100-80gb-sxm,a100-80gb-sxm --gpus 64,128 --global-batch 512
+    --seq-len 4096,8192 --csv out.csv``."""
+    from planner.sweep import sweep as run_sweep
+
+    models = split_values(model, "--model")
+    clusters = split_values(cluster, "--cluster")
+    counts = int_values(gpus, "--gpus")
+    batches = int_values(global_batch, "--global-batch")
+    lengths = int_values(seq_len, "--seq-len")
+    if top_k < 1:
+        raise PlannerError(f"must be >= 1, got {top_k}", source="--top-k")
+    if jobs is not None and jobs < 1:
+        raise PlannerError(f"must be >= 1, got {jobs}", source="--jobs")
+    if quiet and csv is None:
+        raise PlannerError("--quiet without --csv would print nothing", source="--quiet", fix="add --csv FILE")
+    total = len(models) * len(clusters) * len(counts) * len(batches) * len(lengths)
+    progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
+    with progress:
+        task = progress.add_task("sweep", total=total)
+        df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
+                       max_memory_gib=max_memory_gib, processes=jobs,
+                       progress=lambda done, _total: progress.update(task, completed=done))
+    if csv is not None:
+        try:
+            df.to_csv(csv, index=False)
+        except OSError as e:
+            raise PlannerError(f"cannot write: {e.strerror or e}", source=str(csv), fix="pass a writable path")
+        err(f"wrote {len(df)} rows to {csv}")
+    if not quiet:
+        console().print(result_table(df))
+        if len(df) > MAX_TABLE_ROWS:
+            err(f"showing {MAX_TABLE_ROWS} of {len(df)} rows" + (f"; all are in {csv}" if csv else "; use --csv"))

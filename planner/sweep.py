@@ -1,0 +1,200 @@
+"""What-if sweeps: the best plan for every combination of models, clusters, GPU counts, batch sizes and sequence
+lengths, as one ``pandas`` DataFrame (one row per scenario, in the order of the Cartesian product of the inputs).
+
+Large sweeps run on a process pool (one search per scenario, each worker with its own estimate cache); the rows come
+back in scenario order whatever the pool does, so a sweep's result is deterministic. ``pandas`` and the search are
+imported when a sweep runs, so ``import planner`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Iterable
+
+from planner.errors import PlannerError
+
+#: below this many scenarios a sweep runs in-process: starting workers costs more than it saves
+PARALLEL_MIN_SCENARIOS = 16
+#: work items handed to a worker at once, as a fraction of the scenarios per worker (small enough to balance
+#: searches of very different cost, large enough to amortize inter-process traffic)
+CHUNKS_PER_WORKER = 8
+
+SCENARIO_COLUMNS = ("model", "cluster", "num_gpus", "global_batch_size", "seq_len")
+PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "num_microbatches", "schedule",
+                "recompute", "recompute_num_layers", "zero_stage", "sequence_parallel", "cp_kind")
+ESTIMATE_COLUMNS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "hfu",
+                    "peak_memory_gib", "memory_limit_gib")
+COLUMNS = SCENARIO_COLUMNS + ("feasible",) + PLAN_COLUMNS + ESTIMATE_COLUMNS + ("error",)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: Any  # a shipped name, a config.json path or a ModelSpec
+    cluster: Any  # a shipped name, a profile path or a Cluster
+    num_gpus: int
+    global_batch_size: int
+    seq_len: int
+
+
+def _as_list(value: Any, name: str) -> list[Any]:
+    if value is None:
+        raise PlannerError("needs at least one value", source=name)
+    items = [value] if isinstance(value, (str, int)) or not isinstance(value, Iterable) else list(value)
+    if not items:
+        raise PlannerError("needs at least one value", source=name)
+    return items
+
+
+def _positive_ints(values: list[Any], name: str) -> list[int]:
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PlannerError(f"must be positive integers, got {v!r}", source=name)
+        out.append(int(v))
+    return out
+
+
+@lru_cache(maxsize=64)
+def _load_model(name: str):
+    from planner.specs.model import load_model
+    return load_model(name)
+
+
+@lru_cache(maxsize=64)
+def _load_cluster(name: str):
+    from planner.specs.hardware import load_cluster
+    return load_cluster(name)
+
+
+def _resolve(model: Any, cluster: Any):
+    return (_load_model(model) if isinstance(model, str) else model,
+            _load_cluster(cluster) if isinstance(cluster, str) else cluster)
+
+
+def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, **kw):
+    from planner.search import search_plans
+    return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, **kw)
+
+
+def plan_row(plan: Any) -> dict[str, Any]:
+    """The plan and estimate columns of one feasible scenario."""
+    cfg, est = plan.config, plan.estimate
+    row = {name: getattr(cfg, name) for name in PLAN_COLUMNS}
+    row.update(step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s,
+               tokens_per_s_per_gpu=est.tokens_per_s / cfg.num_gpus, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
+               hfu=est.hfu, peak_memory_gib=est.peak_memory_gib, memory_limit_gib=est.memory_limit_bytes / 1024**3)
+    return row
+
+
+def run_scenario(job: tuple[Scenario, dict[str, Any], Callable[..., Any]]) -> dict[str, Any]:
+    """One row: the best plan of one scenario, or why there is none (picklable, runs in pool workers)."""
+    scenario, search_kw, search = job
+    model, cluster = _resolve(scenario.model, scenario.cluster)
+    row: dict[str, Any] = {"model": model.name, "cluster": cluster.name, "num_gpus": scenario.num_gpus,
+                           "global_batch_size": scenario.global_batch_size, "seq_len": scenario.seq_len}
+    try:
+        plan = search(model, cluster, scenario.num_gpus, scenario.global_batch_size, scenario.seq_len, **search_kw)
+    except PlannerError as e:  # infeasible or an impossible combination (batch not divisible, ...): a row, not a crash
+        row.update(feasible=False, error=str(e))
+        return row
+    row.update(feasible=True, error="", **plan_row(plan))
+    return row
+
+
+def scenarios(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any) -> list[Scenario]:
+    """The Cartesian product of the inputs, in order (models outermost, sequence lengths innermost)."""
+    ms, cs = _as_list(models, "models"), _as_list(clusters, "clusters")
+    ns = _positive_ints(_as_list(gpus, "gpus"), "gpus")
+    bs = _positive_ints(_as_list(global_batch_sizes, "global_batch_sizes"), "global_batch_sizes")
+    ss = _positive_ints(_as_list(seq_lens, "seq_lens"), "seq_lens")
+    for m in ms:  # fail on a bad name before any search runs
+        if isinstance(m, str):
+            _load_model(m)
+    for c in cs:
+        if isinstance(c, str):
+            _load_cluster(c)
+    return [Scenario(*combo) for combo in itertools.product(ms, cs, ns, bs, ss)]
+
+
+def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 1,
+          objective: str = "time", max_memory_gib: float | None = None, processes: int | None = None,
+          progress: bool | Callable[[int, int], None] = False,
+          search: Callable[..., Any] | None = None) -> "Any":
+    """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
+
+    Each input is one value or a list: ``models`` shipped names / config.json paths / ``ModelSpec``s, ``clusters``
+    shipped names / profile paths / ``Cluster``s, ``gpus``, ``global_batch_sizes`` (sequences) and ``seq_lens``
+    (tokens). Rows follow the order of the product (models outermost); scenarios without a feasible plan keep their
+    row with ``feasible = False`` and the reason in ``error``. ``processes``: worker processes (default: all cores
+    once there are at least ``PARALLEL_MIN_SCENARIOS`` scenarios; 1 runs in-process). ``progress``: True for a rich
+    progress bar, or a callback ``(done, total)``. ``search``: the search function (default
+    ``planner.search.search_plans``; a replacement must be picklable to run in workers).
+    """
+    import pandas as pd
+
+    jobs_list = scenarios(models, clusters, gpus, global_batch_sizes, seq_lens)
+    search_kw: dict[str, Any] = {"top_k": top_k, "objective": objective}
+    if max_memory_gib is not None:
+        search_kw["max_memory_gib"] = max_memory_gib
+    fn = search or default_search
+    jobs = [(s, search_kw, fn) for s in jobs_list]
+    total = len(jobs)
+    if processes is None:
+        processes = (os.cpu_count() or 1) if total >= PARALLEL_MIN_SCENARIOS else 1
+    if processes < 1:
+        raise PlannerError(f"must be >= 1, got {processes}", source="processes")
+
+    bar = None
+    if progress is True:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+        bar = Progress("sweep", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+        task = bar.add_task("sweep", total=total)
+        bar.start()
+
+        def report(done: int, _total: int) -> None:
+            bar.update(task, completed=done)
+    elif callable(progress):
+        report = progress
+    else:
+        def report(done: int, _total: int) -> None:
+            return None
+
+    rows: list[dict[str, Any]] = []
+    try:
+        if processes == 1 or total <= 1:
+            for job in jobs:
+                rows.append(run_scenario(job))
+                report(len(rows), total)
+        else:
+            from concurrent.futures import ProcessPoolExecutor
+
+            workers = min(processes, total)
+            chunk = max(1, total // (workers * CHUNKS_PER_WORKER))
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                for row in pool.map(run_scenario, jobs, chunksize=chunk):  # results in submission order
+                    rows.append(row)
+                    report(len(rows), total)
+    finally:
+        if bar is not None:
+            bar.stop()
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def pareto_front(df: "Any", x: str = "peak_memory_gib", y: str = "tokens_per_s",
+                 minimize_x: bool = True, maximize_y: bool = True) -> "Any":
+    """Rows of ``df`` no other row beats on both ``x`` and ``y`` (e.g. less memory and more throughput), sorted by
+    ``x``. Ties on both keep the first row."""
+    data = df.dropna(subset=[x, y])
+    sx = data[x] if minimize_x else -data[x]
+    sy = -data[y] if maximize_y else data[y]
+    order = sorted(range(len(data)), key=lambda i: (sx.iloc[i], sy.iloc[i]))
+    keep, best = [], float("inf")
+    for i in order:
+        if sy.iloc[i] < best:
+            keep.append(i)
+            best = sy.iloc[i]
+    return data.iloc[keep]
+
