@@ -64,7 +64,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def choice(value: str, allowed: tuple[str, ...] | list[str], option: str) -> str:
     if value not in allowed:
-        raise PlannerError(f"unknown value '{value}'", source=option, fix=f"use one of: {', '.join(allowed)}")
+        raise PlannerError(f"unknown value {value!r}", source=option, fix=f"use one of: {', '.join(allowed)}")
     return value
 
 

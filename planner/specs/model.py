@@ -8,6 +8,7 @@ input embedding and an output (LM head) layer. The cost model only needs the sha
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ from planner.errors import PlannerError
 #: model_type values read as a Llama-style decoder (RMSNorm, SwiGLU, rotary positions, optional GQA).
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "deepseek_v2")
 SUPPORTED_MODEL_TYPES = LLAMA_LIKE + ("gpt2",)
+#: largest integer accepted in a config.json: int32, the type frameworks store shapes in; larger values are typos
+#: and would overflow the cost model's float arithmetic
+MAX_CONFIG_INT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def _resolve(name_or_path: str, shipped_dir: Path, option: str, what: str, fix: 
     if "/" not in name_or_path and _path_exists(candidate):
         return candidate
     if path.suffix != ".json" and "/" not in name_or_path:
-        raise PlannerError(f"unknown {what} '{name_or_path}'", source=option, fix=fix)
+        raise PlannerError(f"unknown {what} {name_or_path!r}", source=option, fix=fix)
     return path
 
 
@@ -205,10 +209,14 @@ class _Fields:
         for key in keys:
             if key in self.data and self.data[key] is not None:
                 value = self.data[key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                        isinstance(value, float) and not math.isfinite(value) or int(value) != value:
                     raise PlannerError(f"must be an integer, got {value!r}", source=self.source, field=key)
                 if value < minimum:
                     raise PlannerError(f"must be >= {minimum}, got {value}", source=self.source, field=key)
+                if value > MAX_CONFIG_INT:
+                    raise PlannerError(f"must be <= {MAX_CONFIG_INT}, got {value}", source=self.source, field=key,
+                                       fix="no real model shape is this large")
                 return int(value)
         if default is not None:
             return default
@@ -276,7 +284,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             source=src,
         )
     else:
-        raise PlannerError(f"unknown model_type '{model_type}'", source=source, field="model_type",
+        raise PlannerError(f"unknown model_type {model_type!r}", source=source, field="model_type",
                            fix=f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     validate_model(spec, source)
     return spec

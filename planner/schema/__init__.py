@@ -1,0 +1,61 @@
+"""JSON Schema (draft 2020-12) of the plan / estimate JSON, shipped inside the package.
+
+``plan.schema.json`` describes what :func:`planner.plan.plan_dict` produces (``planner plan --json``,
+``planner estimate --json``), including ``alternatives`` and ``search`` when present. ``validate_plan_json`` checks a
+parsed document against it and raises a one-line ``PlannerError`` naming the first offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from planner.errors import PlannerError
+
+SCHEMA_FILE = "plan.schema.json"
+
+
+@lru_cache(maxsize=1)
+def plan_schema() -> dict[str, Any]:
+    """The plan JSON Schema as a dict (read once from the package)."""
+    return json.loads(resources.files(__name__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _validator() -> Draft202012Validator:
+    schema = plan_schema()
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def _where(path: Any) -> str:
+    """JSON path of an error location, ``estimate.stages[0].fwd_s`` style ('$' for the document itself)."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "$"
+
+
+def plan_json_errors(d: Any) -> list[str]:
+    """Every schema violation of a parsed plan document, as ``"<json path>: <message>"``, in a stable order."""
+    errors = sorted(_validator().iter_errors(d), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    return [f"{_where(e.absolute_path)}: {e.message}" for e in errors]
+
+
+def validate_plan_json(d: Any, source: str = "<plan>") -> None:
+    """Raise ``PlannerError`` (exit code 2) naming the source and the first offending field if ``d`` is not a plan
+    document of this schema version."""
+    errors = sorted(_validator().iter_errors(d), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    if errors:
+        e = errors[0]
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise PlannerError(f"does not match the plan schema: {e.message[:200]}{more}", source=source,
+                           field=_where(e.absolute_path),
+                           fix="pass a file written by `planner plan --json` or `planner estimate --json`")
+
+
+__all__ = ["SCHEMA_FILE", "plan_schema", "plan_json_errors", "validate_plan_json"]
