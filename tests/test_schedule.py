@@ -70,6 +70,35 @@ def test_zero_bubble_closed_forms_match_simulator(p, mult, f, b, wfrac):
     assert simulate_schedule("zb-h1", fs, bs, ws, m).total_s == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - w))
 
 
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(2, 6), extra=st.integers(0, 6), f=st.sampled_from([0.5, 1.0, 1.5]),
+       b_over_f=st.sampled_from([1.0, 1.25, 2.0]), w_frac=st.sampled_from([0.25, 0.5, 1.0]))
+def test_zbv_closed_form_matches_simulator(p, extra, f, b_over_f, w_frac):
+    """ZB-V: m t + (p - 1) max(B - W, B/2), exact against its static order when W <= F <= B, m >= 2p - 1."""
+    m = 2 * p - 1 + extra
+    b, w = f * b_over_f, f * w_frac
+    fs, bs, ws = equal(p, f, b, w)
+    sim = simulate_schedule("zbv", fs, bs, ws, m, 2)
+    assert get_schedule("zbv").time(fs, bs, ws, m, 2).total_s == pytest.approx(sim.total_s)
+    assert sim.total_s == pytest.approx(m * (f + b + w) + (p - 1) * max(b - w, b / 2))
+    assert list(sim.peak_inflight) == [float(p)] * p  # 2p half-size chunks: 1F1B's first-rank peak
+
+
+def test_zbv_halves_zb_h1_bubble_when_f_b_w_are_equal():
+    """Qi et al. 2024 Sec. 6: the V placement turns the fill into chunk-sized steps."""
+    p, m = 8, 32
+    fs, bs, ws = equal(p, 1.0, 1.0, 1.0)
+    zbv = simulate_schedule("zbv", fs, bs, ws, m, 2).bubble_s
+    h1 = simulate_schedule("zb-h1", fs, bs, ws, m).bubble_s
+    assert zbv == pytest.approx(h1 / 2)
+
+
+def test_zbv_places_first_and_last_stage_on_rank_0():
+    s = get_schedule("zbv")
+    assert [s.stage_index(4, 2, 0, c) for c in (0, 1)] == [0, 7]
+    assert [s.stage_index(4, 2, 3, c) for c in (0, 1)] == [3, 4]
+
+
 def test_zb_h2_beats_zb_h1_only_where_b_exceeds_w():
     p, m = 4, 16
     fs, bs, ws = equal(p, 1.0, 2.0, 1.0)
@@ -155,6 +184,9 @@ def test_schedule_rules():
     assert get_schedule("zb-h2").check(4, 7, 1) is None
     assert get_schedule("bfs").check(4, 8, 3) is None
     assert get_schedule("bfs").check(1, 8, 1)
+    assert get_schedule("zbv").check(4, 8, 1)  # needs two chunks per rank
+    assert get_schedule("zbv").check(4, 6, 2)  # needs 2p - 1 = 7 micro-batches
+    assert get_schedule("zbv").check(4, 7, 2) is None
 
 
 def test_validity_applies_schedule_rules():
@@ -170,9 +202,10 @@ def test_every_schedule_estimates_and_zero_bubble_is_faster():
     base = RunConfig(num_gpus=16, tp=2, pp=4, global_batch_size=64, seq_len=4096)
     times = {}
     for name in SCHEDULES:
-        cfg = base.with_(schedule=name, vpp=2 if name == "interleaved-1f1b" else 1)
+        cfg = base.with_(schedule=name, vpp=2 if name in ("interleaved-1f1b", "zbv") else 1)
         times[name] = estimate(model, cluster, cfg).step_time_s
     assert times["zb-h1"] < times["1f1b"]
+    assert times["zbv"] < times["zb-h1"]
     assert times["interleaved-1f1b"] < times["1f1b"]
     assert times["gpipe"] == pytest.approx(times["1f1b"])
 

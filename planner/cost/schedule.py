@@ -18,6 +18,17 @@ Closed forms (exact for equal stages, checked against the simulator in ``tests/t
   T = m t + (p - 1)(F + max(0, B - 2W)). The paper's zero bubble also needs its post-validation of the optimizer
   step (iterations overlap, hiding the last rank's (p - 1) F wait); with a synchronous optimizer step that wait
   stays, so with F = B = W ZB-H2 times like ZB-H1 and only gains where B > 2W - F.
+* ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory", Sec. 6): two chunks per rank in a V
+  (rank r holds stages r and 2p - 1 - r), W's placed by its static order: T = m t + (p - 1) max(B - W, B/2),
+  half of ZB-H1's bubble for F = B = W, at 1F1B's peak memory.
+* Breadth-first (Lamy-Poirier 2022): looped placement like interleaved, but every micro-batch runs a chunk before
+  the next chunk starts, so it holds all m micro-batches (GPipe's memory) and, with ZeRO-3 / FSDP, gathers each
+  chunk's weights once per step rather than once per micro-batch (``zero3_gathers_once_per_step``, used by
+  ``planner.cost.step``): the sharded-DP traffic drops by m and overlaps the whole step.
+Not modelled: DualPipe (DeepSeek-AI 2024) keeps two copies of every stage's weights and its gain comes from
+overlapping one micro-batch's forward with another's backward communication (MoE all-to-all), which needs a
+compute / communication split per op that the cost model does not have; DualPipeV is ZB-V's placement plus that
+overlap, so ``zbv`` is its no-overlap bound.
 The zero-bubble forms are exact (against the simulator's W placement) when W <= min(F, B), which every real layer
 satisfies (W is half of the GEMM backward; B the other half plus attention backward and recomputation); for
 unequal stages all forms are within about 10% of the simulator (``tests/test_schedule.py`` measures it).
@@ -34,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-Op = tuple[str, int, int]  # (kind "F" | "B", micro-batch, chunk)
+Op = tuple[str, int, int]  # (kind "F" | "B" | "W", micro-batch, chunk)
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,20 @@ def _zb_h1_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: i
     t = _totals(f, b, w)
     k = t.index(max(t))
     edge = sum(f[r] + b[r] - min(w[r], f[r], b[r]) for r in range(len(t)) if r != k)
+    total = m * t[k] + edge
+    return PipelineTime(total, total - m * t[k])
+
+
+def _zbv_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+    """ZB-V (Qi et al. 2024 Sec. 6) as its static order plays out: each fill / drain hop is one chunk (half a
+    rank's layers), and where W is short the drain's B's outrun the W's placed between them:
+    T = m max t + sum_{r != bottleneck} max(B_r - W_r, B_r / 2, F_r / 2) (per-rank F, B, W of both chunks);
+    (p - 1) F / 2 for F = B = W, which Qi et al.'s post-validation of the optimizer step would also hide. Exact
+    against the simulator when W <= F <= B (real layers: B adds attention backward and recomputation to the
+    input-gradient GEMMs)."""
+    t = _totals(f, b, w)
+    k = t.index(max(t))
+    edge = sum(max(b[r] - w[r], b[r] / 2, f[r] / 2) for r in range(len(t)) if r != k)
     total = m * t[k] + edge
     return PipelineTime(total, total - m * t[k])
 
@@ -202,6 +227,56 @@ def _bfs_order(p: int, m: int, v: int, rank: int) -> list[Op]:
     return ops
 
 
+def _v_stage_index(p: int, v: int, rank: int, chunk: int) -> int:
+    """V placement (Qi et al. 2024, ZB-V): rank r holds stage r and stage 2p - 1 - r, so the first and the last
+    stage (embedding and LM head) share rank 0 and the turn of the V stays on rank p - 1."""
+    return rank if chunk == 0 else 2 * p - 1 - rank
+
+
+def _zbv_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    """ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory", Sec. 6; torch's ZBVZeroBubble):
+    chunk-0 forwards warm up the V's down stroke, chunk-1 F-B-W triples start its up stroke, then the steady
+    state alternates F, B, W of chunk 0 and chunk 1; the drain runs B's first and leaves W's to fill its gaps.
+    Played with at least 2p - 1 micro-batches' worth of slots; slots past m are dropped."""
+    n = max(2 * p - 1, m)
+    ops: list[Op] = []
+    cnt = {"F0": 0, "F1": 0, "B0": 0, "B1": 0, "W0": 0, "W1": 0}
+
+    def add(kind: str, chunk: int) -> None:
+        key = f"{kind}{chunk}"
+        ops.append((kind, cnt[key], chunk))
+        cnt[key] += 1
+
+    for _ in range(2 * (p - rank) - 1):
+        add("F", 0)
+    for _ in range(rank):
+        add("F", 1)
+        add("F", 0)
+    for _ in range(p - rank):
+        add("F", 1)
+        add("B", 1)
+        add("W", 1)
+    while cnt["F1"] < cnt["F0"] or cnt["F0"] < n:
+        if cnt["F0"] < n:
+            add("F", 0)
+        add("B", 0)
+        add("W", 0)
+        add("F", 1)
+        add("B", 1)
+        add("W", 1)
+    for _ in range(rank):
+        add("B", 0)
+        add("B", 1)
+    for _ in range(p - rank):
+        add("B", 0)
+        add("W", 0)
+    while cnt["W1"] < cnt["B1"]:
+        add("W", 1)
+    while cnt["W0"] < cnt["B0"]:
+        add("W", 0)
+    return [op for op in ops if op[1] < m]
+
+
 def _1f1b_cap(p: int, m: int, v: int, rank: int) -> int:
     return p
 
@@ -217,6 +292,16 @@ def _no_vpp(name: str) -> Callable[[int, int, int], str | None]:
     def check(p: int, m: int, v: int) -> str | None:
         return f"{name} needs --vpp 1 (use interleaved-1f1b or bfs for virtual stages)" if v != 1 else None
     return check
+
+
+def _zbv_check(p: int, m: int, v: int) -> str | None:
+    if p < 2:
+        return "zbv needs pipeline parallelism (pp >= 2)"
+    if v != 2:
+        return "zbv needs --vpp 2 (two model chunks per rank, placed in a V)"
+    if m < 2 * p - 1:
+        return f"zbv needs at least 2*pp - 1 = {2 * p - 1} micro-batches per step, got {m}"
+    return None
 
 
 def _interleaved_check(p: int, m: int, v: int) -> str | None:
@@ -264,6 +349,9 @@ SCHEDULES: dict[str, Schedule] = {
     "zb-h2": Schedule("zb-h2", "zero-bubble H2: extra warm-up forwards, about twice 1F1B's memory (Qi et al. 2023)",
                       _zb_h2_time, _zb_h2_inflight, _zb_check("zb-h2", lambda p: 2 * p - 1), order=_zb_h2_order, defer_w=True,
                       w_cap=_zb_h2_cap),
+    "zbv": Schedule("zbv", "zero-bubble V: two chunks per rank in a V, 1F1B memory (Qi et al. 2024)", _zbv_time,
+                    _zb_h1_inflight, _zbv_check, supports_vpp=True, order=_zbv_order, stage_index=_v_stage_index,
+                    defer_w=True, torch_name="ZBVZeroBubble"),
     "bfs": Schedule("bfs", "breadth-first looped schedule for sharded data parallelism (Lamy-Poirier 2022)",
                     _interleaved_time, _gpipe_inflight, _bfs_check, supports_vpp=True, order=_bfs_order,
                     zero3_gathers_once_per_step=True, torch_name="LoopedBFS"),

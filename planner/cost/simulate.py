@@ -9,8 +9,9 @@ Execution rules (as a pipeline runtime executes a static schedule):
 * a rank runs its ops one at a time, in its list order, each as soon as the rank is free and its input is there;
 * ``F(mb, j)`` needs ``F(mb, j - 1)`` (plus a P2P transfer when stage j - 1 sits on another rank); ``B(mb, j)``
   needs ``B(mb, j + 1)`` (plus P2P), the last stage's ``B`` needs its own ``F``;
-* weight gradients ``W``: schedules without a W split run W right after B (one fused backward). Zero-bubble
-  schedules (Qi et al. 2023, Sec. 3) defer each ``W(mb, j)`` after its ``B``: it runs in an idle gap of the rank
+* weight gradients ``W``: schedules without a W split run W right after B (one fused backward). A schedule may
+  list its ``W(mb, chunk)`` ops itself (ZB-V does); otherwise zero-bubble schedules (Qi et al. 2023, Sec. 3)
+  defer each ``W(mb, j)`` after its ``B``: it runs in an idle gap of the rank
   that it fits in without delaying the next listed op, or earlier when the rank's activation budget (``cap``,
   chunk-micro-batches still waiting for their W) would otherwise be exceeded by the next F, and all leftovers run
   at the end of the rank's list (Qi et al.'s ZB-H1 / ZB-H2 placement).
@@ -114,6 +115,8 @@ def simulate(
 
     def ready_time(r: int, kind: str, mb: int, c: int) -> float | None:
         j = stage_index(p, v, r, c)
+        if kind == "W":
+            return done_b.get((mb, j))
         if kind == "F":
             if j == 0:
                 return 0.0
@@ -128,6 +131,8 @@ def simulate(
             return None
         return nxt + (p2p_s if where[j + 1][0] != r else 0.0)
 
+    explicit_w = [any(op[0] == "W" for op in o) for o in order]  # the schedule places its W's itself
+    greedy_w = [defer_w and not e for e in explicit_w]
     remaining = sum(len(o) for o in order)
     while remaining:
         progressed = False
@@ -137,7 +142,7 @@ def simulate(
                 ready = ready_time(r, kind, mb, c)
                 if ready is None:
                     break
-                if defer_w:
+                if greedy_w[r]:
                     if kind == "F":
                         while held[r] >= caps[r] and pending[r]:
                             run_w(r)
@@ -148,6 +153,11 @@ def simulate(
                     done_f[(mb, j)] = run(r, "F", mb, c, ready, F[r][c])
                     held[r] += 1
                     peak[r] = max(peak[r], held[r])
+                elif kind == "W":
+                    run(r, "W", mb, c, ready, W[r][c])
+                    held[r] -= 1
+                elif explicit_w[r]:
+                    done_b[(mb, j)] = run(r, "B", mb, c, ready, B[r][c])
                 elif defer_w:
                     done_b[(mb, j)] = run(r, "B", mb, c, ready, B[r][c])
                     pending[r].append((mb, c))
@@ -175,6 +185,6 @@ def simulate_schedule(name: str, f_s, b_s, w_s, m: int, v: int = 1, *, p2p_s: fl
     sched = get_schedule(name)
     p = len(f_s)
     order = [sched.order(p, m, v, r) for r in range(p)]
-    cap = [sched.w_cap(p, m, v, r) for r in range(p)] if sched.defer_w else None
+    cap = [sched.w_cap(p, m, v, r) for r in range(p)] if sched.w_cap is not None else None
     return simulate(p, m, v, f_s, b_s, w_s, order, sched.stage_index, defer_w=sched.defer_w, cap=cap,
                     p2p_s=p2p_s)
