@@ -372,4 +372,4 @@ def test_cli_export_errors(gpt3, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"model": "x"}')
     res = runner.invoke(app, ["export", str(bad), "--to", "megatron"])
-    assert res.exit_code == 2 and "not a planner plan" in res.stderr
+    assert res.exit_code == 2 and "does not match the plan schema" in res.stderr

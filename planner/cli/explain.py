@@ -20,6 +20,7 @@ from planner.cli.render import TIME_LABELS, config_line
 from planner.cost.step import estimate
 from planner.errors import PlannerError
 from planner.plan import config_from_dict, model_from_plan_dict
+from planner.schema import validate_plan_json
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
 from planner.specs.model import read_json_file
@@ -194,11 +195,8 @@ def explain(
     if width < 1:
         raise PlannerError(f"must be >= 1, got {width}", source="--width")
     d = read_json_file(plan_file, "plan JSON")
-    if not isinstance(d, dict):
-        raise PlannerError("a plan must be a JSON object", source=str(plan_file),
-                           fix="pass a file written by `planner plan --json`")
     source = str(plan_file)
-    config_from_dict(d, source)  # a clear error for a file that is not a plan
+    validate_plan_json(d, source)
     est, origin = plan_estimate(d, source, stored)
     old = d.get("estimate", {}).get("step_time_s") if isinstance(d.get("estimate"), dict) else None
     if old and origin.startswith("re-estimated") and abs(est["step_time_s"] - old) > RESIDUAL_FRACTION * old:

@@ -10,6 +10,7 @@ import typer
 from planner.cli.app import app, err, handle_errors
 from planner.errors import PlannerError
 from planner.export import TARGETS, export as export_plan
+from planner.schema import validate_plan_json
 from planner.specs.model import read_json_file
 
 
@@ -43,7 +44,5 @@ def export(
     if to not in TARGETS:
         raise PlannerError(f"unknown launcher '{to}'", source="--to", fix=f"use one of: {', '.join(TARGETS)}")
     plan = read_json_file(plan_file, "plan JSON")
-    if not isinstance(plan, dict):
-        raise PlannerError("a plan must be a JSON object", source=str(plan_file),
-                           fix="pass a file written by `planner plan --json`")
+    validate_plan_json(plan, str(plan_file))
     write_export(plan, to, out, source=str(plan_file), option="--to")
