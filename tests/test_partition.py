@@ -138,3 +138,16 @@ def test_per_stage_recompute_validity_and_json_roundtrip():
     d = config_fields(model, cfg)
     assert d["recompute"]["layers_per_stage"] == [3, 2, 1, 0]
     assert config_from_dict(d) == cfg
+
+
+def test_virtual_stages_that_do_not_divide_get_a_valid_split(big):
+    """126 layers over 16 x 2 V-placed chunks: invalid without an explicit split; the partition supplies one."""
+    model, cluster = big
+    cfg = cfg_405b(micro_batch_size=1, schedule="zbv", vpp=2)
+    assert config_problems(model, cluster, cfg)
+    out = partition(model, cluster, cfg)
+    assert not config_problems(model, cluster, out)
+    e = estimate(model, cluster, out)
+    assert e.fits and sum(out.layers_per_stage) == 126 and len(out.layers_per_stage) == 32
+    # the V puts the embedding (stage 0) and the LM head (stage 31) on rank 0
+    assert e.stages[0].layers == (out.layers_per_stage[0], out.layers_per_stage[31])

@@ -32,7 +32,7 @@ import numpy as np
 from planner.cost.schedule import get_schedule
 from planner.cost.step import estimate
 from planner.cost.validity import config_problems
-from planner.specs.config import RunConfig
+from planner.specs.config import RunConfig, even_layer_split
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -235,14 +235,19 @@ def _repair(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> RunConfig | N
 
 def partition(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> RunConfig:
     """The layer partition and per-stage recomputation that minimise the estimated step time within memory, or
-    ``cfg`` unchanged when it is invalid, nothing fits, or nothing beats it."""
-    if config_problems(model, cluster, cfg) or cfg.pp < 2:
+    ``cfg`` unchanged when it is invalid, nothing fits, or nothing beats it. (Virtual stages whose layers do not
+    divide evenly, invalid without an explicit split, start from :func:`even_layer_split`.)"""
+    if cfg.pp < 2:
         return cfg
-    try:
-        base = estimate(model, cluster, cfg)
-    except Exception:  # an input the cost model refuses is returned as given
+    start = cfg
+    if config_problems(model, cluster, cfg) and cfg.layers_per_stage is None:
+        # virtual stages need an explicit split when the layers do not divide evenly: start from the even one
+        start = cfg.with_(layers_per_stage=even_layer_split(model.num_layers, cfg.num_stages))
+    if config_problems(model, cluster, start):
         return cfg
-    best, best_time = cfg, (base.step_time_s if base.fits else math.inf)
+    base = estimate(model, cluster, start)
+    best, best_time = (start, base.step_time_s) if base.fits else (cfg, math.inf)
+    cfg = start
     # per-stage recomputation is expressed in "full" mode (unrecomputed layers keep everything), which is the
     # same memory as "none" and, with a fused attention kernel, as "selective"; keep the input's own mode too
     modes = [True] if cfg.recompute_layers_per_stage is not None else [False, True]
