@@ -54,7 +54,7 @@ def validate_plan_json(d: Any, source: str = "<plan>") -> None:
         e = errors[0]
         more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
         raise PlannerError(f"does not match the plan schema: {e.message[:200]}{more}", source=source,
-                           field=_where(e.absolute_path),
+                           field=_where(e.absolute_path) if e.absolute_path else None,
                            fix="pass a file written by `planner plan --json` or `planner estimate --json`")
 
 
