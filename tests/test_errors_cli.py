@@ -294,3 +294,18 @@ def test_valid_input_still_works(files: dict[str, str]) -> None:
     r = _run(["estimate", "--model", "{dir}/ok_model.json", "--cluster", "{dir}/ok_profile.json", "--gpus", "8",
               "--global-batch", "64"], files)
     assert r.exit_code == 0, r.output
+
+
+def test_hugging_face_model_directory_is_read(files: dict[str, str]) -> None:
+    """A model directory with a config.json (how HF checkpoints come) is read; one without it is a clear error."""
+    hf = Path(files["dir"], "hf-model")
+    hf.mkdir(exist_ok=True)
+    (hf / "config.json").write_text(json.dumps({k: v for k, v in L8B.items() if k != "name"}))
+    r = _run(["estimate", "--model", str(hf), "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch", "64",
+              "--json"], files)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["model"] == "hf-model"
+    empty = Path(files["dir"], "empty-model")
+    empty.mkdir(exist_ok=True)
+    _check(_run(["estimate", "--model", str(empty), "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch",
+                 "64"], files), 2, [str(empty), "directory"], files)

@@ -190,6 +190,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     """Load a shipped model by name (a file in ``model_specs/``) or a Hugging Face ``config.json`` path."""
     path = _resolve(name_or_path, model_specs_dir(), "--model", "model",
                     f"use a path to a config.json or one of: {', '.join(shipped_models())}")
+    if path.is_dir() and (path / "config.json").is_file():  # a Hugging Face model directory
+        path = path / "config.json"
     data = read_json_file(path, "model config.json")
     default_name = path.stem if path.name != "config.json" else (path.parent.name or "model")
     return model_from_config(data, source=str(path), default_name=default_name)
