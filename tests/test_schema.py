@@ -165,3 +165,10 @@ def test_validate_plan_json_names_the_field() -> None:
     assert msg.startswith("my-plan.json: parallelism.tp: ") and "'two'" in msg and "\n" not in msg
     with pytest.raises(PlannerError):
         validate_plan_json([1, 2, 3])
+
+
+def test_unknown_schema_version_is_named() -> None:
+    with pytest.raises(PlannerError) as exc:
+        validate_plan_json(_set(_base(), "schema_version", "2.0"), source="old.json")
+    assert str(exc.value).startswith("old.json: schema_version: schema_version '2.0' is not supported")
+    assert f"'{SCHEMA_VERSION}'" in str(exc.value)

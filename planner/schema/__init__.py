@@ -49,6 +49,11 @@ def plan_json_errors(d: Any) -> list[str]:
 def validate_plan_json(d: Any, source: str = "<plan>") -> None:
     """Raise ``PlannerError`` (exit code 2) naming the source and the first offending field if ``d`` is not a plan
     document of this schema version."""
+    known = plan_schema()["$defs"]["plan"]["properties"]["schema_version"]["const"]
+    if isinstance(d, dict) and "schema_version" in d and d["schema_version"] != known:
+        raise PlannerError(f"schema_version {d['schema_version']!r} is not supported (this planner reads {known!r})",
+                           source=source, field="schema_version",
+                           fix="re-create the plan with this version of `planner plan --json`")
     errors = sorted(_validator().iter_errors(d), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     if errors:
         e = errors[0]
