@@ -204,7 +204,7 @@ PLAN_CASES: list[tuple[str, list[str], int, list[str]]] = [
     ("plan: truncated config.json", ["plan", "--model", "{truncated.json}", "--cluster", "h100-80gb-sxm", "--gpus",
                                      "8", "--global-batch", "64"], 2, ["{truncated.json}", "invalid JSON"]),
     ("plan: model fits on no plan", ["plan", "--model", "llama-3.1-405b", "--cluster", "h100-80gb-sxm", "--gpus",
-                                     "8", "--global-batch", "64"], 1, ["needs at least", "GPUs", "GiB"]),
+                                     "8", "--global-batch", "64"], 1, ["llama-3.1-405b", "needs at least", "GiB", "--gpus"]),
     ("plan: sequence beyond any plan", PLAN + ["--gpus", "8", "--global-batch", "8", "--seq-len", str(2**24)],
      1, ["--seq-len"]),
 ]
