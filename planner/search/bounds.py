@@ -207,13 +207,51 @@ def refined_group_bound(space: Space, t: GroupTables, g: int) -> float:
     return sched.time([f] * p, [b] * p, [w] * p, m, v).total_s
 
 
-def row_time_bound(space: Space, t: GroupTables, rows: Rows, group_floor: np.ndarray | None = None) -> np.ndarray:
-    """Lower bound on each row's step time: the cheap pipeline bound (or the group's refined one, if larger) plus
-    the optimizer step of the larger of ranks 0 and p-1."""
+def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int) -> np.ndarray:
+    """Per ZeRO stage 0..3, a floor on the step time set by the data-parallel collectives of ranks 0 and p-1.
+
+    ``step.estimate`` adds the exposed part of a rank's collectives to the pipeline time, and the pipeline takes
+    at least m x that rank's per-micro-batch time, so (whatever the overlap):
+    ZeRO-0: step >= all-reduce of the gradients; ZeRO-1/2: >= their reduce-scatter; ZeRO-3: >= m x (two
+    all-gathers of the weights + a reduce-scatter of the gradients) per micro-batch, or once per step for a
+    schedule that gathers once per step (breadth-first). Ring collective costs from ``planner.cost.comm``.
+    """
+    row = space.groups[g]
+    tp, cp, ep, pp = int(row[G["tp"]]), int(row[G["cp"]]), int(row[G["ep"]]), int(row[G["pp"]])
+    m = int(space.num_microbatches[g])
+    sched = SCHEDULES[space.schedules[int(row[G["sched"]])]]
+    gpn = cluster.gpus_per_node
+    dp_group = comm.place_group(int(t.dp_shard[g]), tp, gpn)
+    edp_group = comm.place_group(int(t.expert_dp_shard[g]), tp * ep, gpn)
+    grad_bytes = RunConfig(num_gpus=1).grad_reduce_bytes
+    out = np.zeros(4)
+    gi = np.array([g])
+    single = pp == 1
+    for n, extra in ((t.layers_first[g], t.embedding_params[g] + (t.head_params[g] if single else 0.0)),
+                     (t.layers_last[g], t.embedding_params[g] if single else t.head_params[g])):
+        dense, expert = (float(x[0]) for x in _local_params(t, gi, np.array([n]), np.array([extra])))
+        pairs = ((dp_group, dense), (edp_group, expert))
+        ar = sum(comm.all_reduce_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
+        rs = sum(comm.reduce_scatter_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
+        per_mb = sum(2 * comm.all_gather_s(cluster, grp, k * WEIGHT_BYTES) + comm.reduce_scatter_s(
+            cluster, grp, k * grad_bytes) for grp, k in pairs)
+        z3 = per_mb if sched.zero3_gathers_once_per_step else m * per_mb
+        out = np.maximum(out, [ar, rs, rs, z3])
+    return out
+
+
+def row_time_bound(space: Space, t: GroupTables, rows: Rows, group_floor: np.ndarray | None = None,
+                   dp_floor: np.ndarray | None = None) -> np.ndarray:
+    """Lower bound on each row's step time: the cheap pipeline bound (or the group's refined one, if larger; or the
+    data-parallel floor of its ZeRO stage, if larger still) plus the optimizer step of the larger of ranks 0, p-1.
+
+    ``group_floor`` (per row) and ``dp_floor`` (per row, 4 ZeRO stages) come from the refined group bounds."""
     g = rows.group
     pipe = (_work_s(t, g) + _recompute_s(space, t, g, rows.rec)) / space.col("pp")[g] * t.factor[g]
     if group_floor is not None:
         pipe = np.maximum(pipe, group_floor)
+    if dp_floor is not None:
+        pipe = np.maximum(pipe, dp_floor[np.arange(len(g)), rows.zero])
     return pipe + _optimizer_s(space, t, rows)
 
 

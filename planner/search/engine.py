@@ -35,8 +35,8 @@ import numpy as np
 from planner.cost.step import Estimate, estimate
 from planner.cost.validity import config_problems
 from planner.errors import InfeasibleError, PlannerError
-from planner.search.bounds import (group_memory_bound, group_tables, group_time_bound, refined_group_bound,
-                                   row_memory_bound, row_time_bound)
+from planner.search.bounds import (data_parallel_floor_s, group_memory_bound, group_tables, group_time_bound,
+                                   refined_group_bound, row_memory_bound, row_time_bound)
 from planner.search.partition import partition
 from planner.search.space import GROUP_COLS, SearchSpace, Space, build_space
 from planner.specs.config import RunConfig
@@ -157,7 +157,8 @@ _GROUP, _ROW = 0, 1
 
 
 def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: str, k: int,
-                      limit: float) -> tuple[_TopK, dict[str, Any]]:
+                      limit: float, any_feasible: bool = False) -> tuple[_TopK, dict[str, Any]]:
+    """Keep the k best feasible rows of the space (or, with ``any_feasible``, stop at the first one)."""
     kept = _TopK(k, objective)
     stats: dict[str, Any] = {"candidates": sp.size(), "groups": len(sp.groups), "pruned_by_memory_bound": 0,
                              "pruned_by_objective_bound": 0, "exact_evaluations": 0, "invalid": 0,
@@ -176,6 +177,7 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
     order = alive[np.argsort(g_bound[alive], kind="stable")]
     # one heap of groups (bound refined) and rows (bound of the row); unvisited groups wait in `order`
     heap: list[tuple[float, int, int, Any]] = []
+    dp_floor: dict[int, np.ndarray] = {}  # data-parallel floors of the groups reached (time objective)
     gi, seq = 0, 0
     while True:
         next_group = g_bound[order[gi]] if gi < len(order) else math.inf
@@ -186,7 +188,11 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             batch = order[gi:gi + EXPANSION_BATCH]
             gi += len(batch)
             for g in batch.tolist():
-                bound = max(g_bound[g], refined_group_bound(sp, tables, g)) if by_time else g_bound[g]
+                if by_time:
+                    dp_floor[g] = data_parallel_floor_s(model, cluster, sp, tables, g)
+                    bound = max(g_bound[g], refined_group_bound(sp, tables, g), float(dp_floor[g].min()))
+                else:
+                    bound = g_bound[g]
                 heapq.heappush(heap, (bound, seq, _GROUP, g))
                 seq += 1
             continue
@@ -199,9 +205,12 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
                 floors.append(b2)
             stats["groups_expanded"] += len(ids)
             rows = sp.expand(np.array(ids, dtype=np.int64))
-            floor = np.repeat(np.array(floors), per_group[ids]) if by_time else None
+            floor = dpf = None
+            if by_time:
+                floor = np.repeat(np.array(floors), per_group[ids])
+                dpf = np.repeat(np.array([dp_floor[g] for g in ids]), per_group[ids], axis=0)
             mem = row_memory_bound(sp, tables, rows)
-            tb = row_time_bound(sp, tables, rows, floor)
+            tb = row_time_bound(sp, tables, rows, floor, dpf)
             ok = mem <= limit
             stats["pruned_by_memory_bound"] += int((~ok).sum())
             rb = tb if by_time else mem
@@ -223,6 +232,8 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             stats["infeasible_evaluated"] += 1
             continue
         kept.offer(Candidate(cfg, est))
+        if any_feasible:
+            break
     # rows neither evaluated nor pruned by memory were pruned by the objective bound
     left = sum(per_group[p] if kind == _GROUP else 1 for _, _, kind, p in heap) + int(per_group[order[gi:]].sum())
     stats["pruned_by_objective_bound"] = left
@@ -299,7 +310,7 @@ def _nearest_gpu_count(model: ModelSpec, cluster: Cluster, num_gpus: int, global
         t = group_tables(model, cluster, sp)
         if group_memory_bound(sp, t).min() > limit:
             continue
-        kept, _ = _branch_and_bound(model, cluster, sp, "memory", 1, limit)
+        kept, _ = _branch_and_bound(model, cluster, sp, "memory", 1, limit, any_feasible=True)
         if kept.items:
             return n
     return None

@@ -59,6 +59,15 @@ def _tp_ok(model: ModelSpec, tp: int) -> bool:
     return model.num_heads % tp == 0 and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
 
 
+def _ulysses_ok(model: ModelSpec, tp: int, cp: int) -> bool:
+    """Ulysses hands each rank whole heads: heads divisible by tp*cp, and the K/V heads per TP rank divide or are
+    divisible by cp (as validity says)."""
+    if model.num_heads % (cp * tp):
+        return False
+    kv_per_tp = max(getattr(model, "attn_kv_heads", model.num_kv_heads) // tp, 1)
+    return kv_per_tp % cp == 0 or cp % kv_per_tp == 0
+
+
 #: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules
 GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp")
 G = {name: j for j, name in enumerate(GROUP_COLS)}
@@ -83,7 +92,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
             if cp > 1 and seq_len % (2 * cp):
                 continue
             for kind in (kinds if cp > 1 else kinds[:1]):
-                if kind == "ulysses" and model.num_heads % (cp * tp):
+                if kind == "ulysses" and not _ulysses_ok(model, tp, cp):
                     continue
                 k_idx = CP_KINDS.index(kind)
                 for pp in divisors(num_gpus // (tp * cp)):
@@ -110,6 +119,8 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                                     continue
                                 for ep in eps:
                                     for sp in sps:
+                                        if ep > 1 and tp > 1 and not sp:
+                                            continue  # Megatron-Core MoE: EP with TP needs SP (validity)
                                         rows.append((tp, cp, k_idx, pp, ep, mb, s_idx, v, sp))
     return rows
 
@@ -173,7 +184,9 @@ class Space:
         return -(-self.num_layers // (self.col("pp") * self.col("vpp")))
 
     def rows_per_group(self) -> np.ndarray:
-        n_partial = self.max_chunk() - 1 if self.partial_recompute and REC_FULL_ALL in self.rec_codes else 0
+        n_partial = self.max_chunk() - 1
+        if not (self.partial_recompute and REC_FULL_ALL in self.rec_codes):
+            n_partial = np.zeros_like(n_partial)
         return (len(self.rec_codes) + n_partial) * len(self.zero_stages)
 
     def size(self) -> int:
