@@ -235,7 +235,7 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
         if any_feasible:
             break
     # rows neither evaluated nor pruned by memory were pruned by the objective bound
-    left = sum(per_group[p] if kind == _GROUP else 1 for _, _, kind, p in heap) + int(per_group[order[gi:]].sum())
+    left = sum(int(per_group[p]) if kind == _GROUP else 1 for _, _, kind, p in heap) + int(per_group[order[gi:]].sum())
     stats["pruned_by_objective_bound"] = left
     return kept, stats
 

@@ -1,0 +1,149 @@
+"""``planner plan``: search every configuration and print the best plan, its runners-up and why the best wins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli.app import app, choice, console, handle_errors
+from planner.cli.render import TIME_LABELS, config_line, print_estimate
+from planner.errors import PlannerError
+from planner.plan import Plan, search_plans
+from planner.search.engine import OBJECTIVES
+from planner.specs.hardware import GIB, load_cluster
+from planner.specs.model import load_model
+
+#: time components grouped the way the comparison names them
+_WHY_GROUPS = {
+    "pipeline bubble": ("bubble_s",),
+    "communication": ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s"),
+    "recomputation": ("recompute_s",),
+    "compute": ("compute_s",),
+    "optimizer step": ("optimizer_s",),
+}
+
+
+def plans_table(plan: Plan, objective: str) -> Table:
+    t = Table(title=f"Top plans by {'step time' if objective == 'time' else 'peak memory'}",
+              caption="CP kind: r ring, u ulysses; mb x m: micro-batch size x micro-batches; recompute full k: "
+                      "k layers per stage")
+    for col in ("#", "TP", "PP", "DP", "CP", "EP", "VPP", "mb x m", "schedule", "recompute", "ZeRO", "SP",
+                "step s", "tok/s", "MFU", "GiB"):
+        t.add_column(col, justify="left" if col in ("schedule", "recompute") else "right", no_wrap=True)
+    for i, p in enumerate((plan,) + plan.alternatives, start=1):
+        c, e = p.config, p.estimate
+        rec = c.recompute
+        if c.recompute_layers_per_stage is not None:
+            rec += " " + ",".join(map(str, c.recompute_layers_per_stage))
+        elif c.recompute == "full" and c.recompute_num_layers:
+            rec += f" {c.recompute_num_layers}"
+        cp = f"{c.cp}{c.cp_kind[0]}" if c.cp > 1 else "1"
+        t.add_row(str(i), str(c.tp), str(c.pp), str(c.dp), cp, str(c.ep), str(c.vpp),
+                  f"{c.micro_batch_size} x {c.num_microbatches}", c.schedule, rec, str(c.zero_stage),
+                  "yes" if c.sequence_parallel and c.tp > 1 else "no", f"{e.step_time_s:.3f}",
+                  f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%", f"{e.peak_memory_gib:.1f}")
+    return t
+
+
+def why_best(plan: Plan, objective: str) -> str:
+    """What the runner-up loses on, against the best: the time components that differ most, and memory."""
+    if not plan.alternatives:
+        return "No other configuration fits: this is the only plan."
+    best, other = plan.estimate, plan.alternatives[0].estimate
+    if objective == "memory":
+        return (f"#1 needs {best.peak_memory_gib:.2f} GiB per GPU, #2 {other.peak_memory_gib:.2f} GiB; #1 steps in "
+                f"{best.step_time_s:.3f} s, #2 in {other.step_time_s:.3f} s.")
+    delta = other.step_time_s - best.step_time_s
+    diffs = []
+    for label, keys in _WHY_GROUPS.items():
+        d = sum(other.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0) for k in keys)
+        if abs(d) >= 1e-4:
+            diffs.append((d, label))
+    diffs.sort(key=lambda x: -x[0])
+    loses = [f"+{d:.3f} s {label}" for d, label in diffs if d > 0][:3]
+    gains = [f"{d:.3f} s {label}" for d, label in diffs if d < 0][:2]
+    text = f"#2 is {delta:.3f} s ({100 * delta / best.step_time_s:.1f}%) slower per step"
+    if loses:
+        text += ": it loses " + ", ".join(loses)
+    if gains:
+        text += "; it saves " + ", ".join(gains)
+    mem = other.peak_memory_gib - best.peak_memory_gib
+    if abs(mem) >= 0.05:
+        text += f"; it needs {abs(mem):.1f} GiB {'more' if mem > 0 else 'less'} memory per GPU"
+    return text + "."
+
+
+def search_line(stats: dict) -> str:
+    return (f"searched {stats['candidates']:,} configurations ({stats['groups']:,} groups) in {stats['time_s']:.2f} s"
+            f" ({stats['candidates_per_s']:,.0f} per second): {stats['pruned_by_memory_bound']:,} ruled out by the "
+            f"memory bound, {stats['pruned_by_objective_bound']:,} by the {stats['objective']} bound, "
+            f"{stats['exact_evaluations']:,} estimated exactly")
+
+
+def print_plan(con: Console, plan: Plan, objective: str, title: str) -> None:
+    print_estimate(con, plan.estimate, plan.config, title)
+    con.print(plans_table(plan, objective))
+    con.print(f"[bold]Why #1:[/] {why_best(plan, objective)}")
+    stats = plan.search or {}
+    if stats:
+        con.print(search_line(stats))
+        if stats.get("bound_violations"):
+            con.print(f"[red]warning:[/] {stats['bound_violations']} evaluated configurations fell below their "
+                      "lower bound; the optimum is not guaranteed (please report this)")
+
+
+@app.command()
+@handle_errors
+def plan(
+    model: str = typer.Option(..., "--model", help="Shipped model name (see `planner list models`) or a HF config.json"),
+    cluster: str = typer.Option(..., "--cluster", help="Shipped hardware profile name or a profile JSON path"),
+    gpus: int = typer.Option(..., "--gpus", help="Total GPUs"),
+    global_batch: int = typer.Option(..., "--global-batch", help="Global batch size in sequences"),
+    seq_len: int = typer.Option(2048, "--seq-len", help="Sequence length in tokens"),
+    top: int = typer.Option(3, "--top", help="Runner-up plans to show after the best"),
+    objective: str = typer.Option("time", "--objective", help="time (fastest step) | memory (smallest peak)"),
+    max_memory_gib: float = typer.Option(None, "--max-memory-gib", help="Cap on memory per GPU, GiB"),
+    no_partition: bool = typer.Option(False, "--even-split", help="Keep layers split evenly (skip the partition DP)"),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
+    emit: str = typer.Option(None, "--emit", help="Also write a launcher config: megatron | torchtitan | deepspeed | "
+                                                  "nemo"),
+    out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
+) -> None:
+    """Find the fastest (or smallest) configuration: every valid TP, PP, DP, CP, EP, virtual stages, micro-batch,
+    schedule, recomputation, SP and ZeRO stage, searched exhaustively with provable pruning."""
+    choice(objective, OBJECTIVES, "--objective")
+    for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--seq-len", seq_len)):
+        if value < 1:
+            raise PlannerError(f"must be >= 1, got {value}", source=name)
+    if top < 0:
+        raise PlannerError(f"must be >= 0, got {top}", source="--top")
+    if max_memory_gib is not None and not max_memory_gib > 0:
+        raise PlannerError(f"must be > 0, got {max_memory_gib}", source="--max-memory-gib")
+    if out is not None and emit is None:
+        raise PlannerError("--out needs --emit", source="--out", fix="add --emit megatron|torchtitan|deepspeed|nemo")
+    if emit is not None and json_out and out is None:
+        raise PlannerError("--json and --emit would both print to stdout", source="--emit",
+                           fix="give --out FILE for the launcher config")
+    spec = load_model(model)
+    hw = load_cluster(cluster)
+    result = search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
+                          max_memory_gib=max_memory_gib, refine_partition=not no_partition)
+    if emit is not None:
+        from planner.cli.export import write_export
+
+        write_export(result.to_dict(), emit, out, source="plan", option="--emit")
+    if json_out:
+        typer.echo(result.to_json(), nl=False)
+        return
+    if emit is not None and out is None:
+        return  # the launcher config went to stdout
+    limit = f", at most {max_memory_gib:g} GiB per GPU" if max_memory_gib is not None else ""
+    print_plan(console(), result, objective,
+               f"Best plan: {spec.name} on {gpus} x {hw.gpu.name} ({hw.name}), global batch {global_batch}, "
+               f"sequence {seq_len}{limit}")
+
+
+__all__ = ["plan", "plans_table", "why_best", "config_line", "TIME_LABELS", "GIB"]
