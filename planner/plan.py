@@ -12,6 +12,7 @@ from typing import Any
 from planner.cost.step import Estimate, stage_layers
 from planner.errors import PlannerError
 from planner.specs.config import RunConfig
+from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
 SCHEMA_VERSION = "1.0"
@@ -108,3 +109,18 @@ def model_from_plan_dict(d: dict[str, Any], source: str = "<plan>") -> ModelSpec
         return ModelSpec(**spec)
     except TypeError as e:
         raise PlannerError(f"malformed model_spec: {e}", source=source, field="model_spec")
+
+
+def search_plans(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,
+                 top_k: int = 3, objective: str = "time", max_memory_gib: float | None = None,
+                 **options: Any) -> Plan:
+    """``planner plan`` as a function: the search's best plan, with the next ``top_k`` as ``alternatives`` and its
+    statistics as ``search``. Raises InfeasibleError when nothing fits. ``options`` go to
+    :func:`planner.search.engine.search` (``space``, ``refine_partition``)."""
+    from planner.search.engine import search  # here, so that reading a plan file does not load numpy
+
+    res = search(model, cluster, num_gpus, global_batch_size, seq_len, objective=objective, top=top_k,
+                 max_memory_gib=max_memory_gib, **options)
+    alternatives = tuple(Plan(model, cluster.name, c.config, c.estimate) for c in res.alternatives)
+    return Plan(model, cluster.name, res.best.config, res.best.estimate, alternatives=alternatives,
+                search=dict(res.stats))
