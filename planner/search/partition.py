@@ -15,7 +15,8 @@ so the partitioner never re-implements the cost model. For a given memory, the c
 smallest that fits (recomputation only adds time), so each (rank, N) has one cost t_r(N). Every schedule's time is
 m max_r t_r + (a term that grows with the other ranks' t), so for each candidate bottleneck time ``cap`` (the
 finitely many t_r(N) values, in increasing order) a min-plus DP over ranks (state: layers placed so far) finds the
-split with t_r <= cap and the least total time; candidates stop once m * cap exceeds the best schedule time found.
+split with t_r <= cap and the least total time, starting from the least feasible cap (a min-max DP over the same
+states); candidates stop once m * cap exceeds the best schedule time found.
 The DP is O(p L^2) per cap with numpy (L layers), a few milliseconds for 126 layers on 16 ranks; an ILP would
 need CBC's branch and bound over the same integer grid for no better answer, since the problem is separable by
 rank. Each rank's layers go to its v chunks as evenly as possible. The best split (and its recomputation) is
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -117,23 +119,41 @@ def _rank_costs(rates: _Rates, limit: float, max_layers: int, recompute: bool):
     return t, K
 
 
+@lru_cache(maxsize=64)
+def _shift_tables(layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """For the DP's min-plus step: index l - n of every (l, n) pair, and which pairs have n <= l."""
+    idx = np.arange(layers + 1)
+    diff = idx[:, None] - idx[None, :]
+    return np.clip(diff, 0, layers), diff >= 0
+
+
+def _min_max_time(t: np.ndarray, layers: int, min_per_rank: int) -> float:
+    """Min-max DP over ranks: the least bottleneck time max_r t_r(N_r) of any split with sum N_r = layers."""
+    cost = t[:, :layers + 1].copy()
+    cost[:, :min_per_rank] = math.inf
+    gather, valid = _shift_tables(layers)
+    best = np.full(layers + 1, math.inf)
+    best[0] = 0.0
+    for r in range(t.shape[0]):
+        best = np.min(np.maximum(np.where(valid, best[gather], math.inf), cost[r][None, :]), axis=1)
+    return float(best[layers])
+
+
 def _min_sum_split(t: np.ndarray, cap: float, layers: int, min_per_rank: int) -> list[int] | None:
     """Min-plus DP over ranks: layer counts N_r (sum = layers, t_r(N_r) <= cap) with the least sum of t."""
-    p, width = t.shape
-    cost = np.where(t <= cap, t, math.inf)
+    p = t.shape[0]
+    cost = np.where(t[:, :layers + 1] <= cap, t[:, :layers + 1], math.inf)
     cost[:, :min_per_rank] = math.inf
+    gather, valid = _shift_tables(layers)
     best = np.full(layers + 1, math.inf)
     best[0] = 0.0
     choice = np.zeros((p, layers + 1), dtype=int)
-    idx = np.arange(layers + 1)
+    rows = np.arange(layers + 1)
     for r in range(p):
-        # new[l] = min_n best[l - n] + cost[r, n]
-        n = idx[None, :]  # candidate N
-        l_ = idx[:, None]
-        prev = np.where(n <= l_, best[np.clip(l_ - n, 0, layers)], math.inf)
-        total = prev + cost[r, :layers + 1][None, :]
+        # new[l] = min over n <= l of best[l - n] + cost[r, n]
+        total = np.where(valid, best[gather], math.inf) + cost[r][None, :]
         choice[r] = np.argmin(total, axis=1)  # first minimum: deterministic
-        best = total[idx, choice[r]]
+        best = total[rows, choice[r]]
     if not math.isfinite(best[layers]):
         return None
     out, rem = [], layers
@@ -175,17 +195,11 @@ def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_rec
     sched = get_schedule(cfg.schedule)
     caps = np.unique(t[np.isfinite(t)])
     best_cfg, best_time = None, math.inf
-    # smallest feasible cap by bisection, then walk up while m * cap can still beat the best schedule time
-    lo, hi = 0, len(caps) - 1
-    if hi < 0 or _min_sum_split(t, caps[hi], L, min_per_rank) is None:
+    # the smallest feasible cap (min-max DP), then walk up while m * cap can still beat the best schedule time
+    lowest = _min_max_time(t, L, min_per_rank)
+    if not math.isfinite(lowest):
         return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _min_sum_split(t, caps[mid], L, min_per_rank) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    for i in range(lo, len(caps)):
+    for i in range(int(np.searchsorted(caps, lowest)), len(caps)):
         if m * caps[i] >= best_time:
             break
         split = _min_sum_split(t, caps[i], L, min_per_rank)
