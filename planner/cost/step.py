@@ -199,6 +199,13 @@ def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm
     )
 
 
+def _exposed(comm_s: float, window_s: float, interference: float) -> float:
+    """Communication overlapped with ``window_s`` of compute: what sticks out of the window, plus the share of the
+    hidden part that still slows the compute stream (``GPU.comm_overlap_interference``)."""
+    hidden = min(comm_s, window_s)
+    return comm_s - hidden + hidden * interference
+
+
 def stage_layers(model: ModelSpec, cfg: RunConfig) -> tuple[int, ...]:
     return cfg.layers_per_stage if cfg.layers_per_stage is not None else even_layer_split(model.num_layers,
                                                                                            cfg.num_stages)
@@ -341,23 +348,23 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
             per_mb = sum(2 * comm.all_gather_s(cluster, g, n * 2) + comm.reduce_scatter_s(cluster, g,
                                                                                            n * cfg.grad_reduce_bytes)
                          for g, n in ((dp_group, dense_b), (edp_group, exp_b)))
-            t_dp = m * max(0.0, per_mb - st.time_per_microbatch_s)
+            t_dp = m * _exposed(per_mb, st.time_per_microbatch_s, gpu.comm_overlap_interference)
             if sched.zero3_gathers_once_per_step:
                 # breadth-first: each chunk's weights are gathered once for all micro-batches' forwards, once for
                 # their backwards, its gradients reduce-scattered once, overlapped with the whole step's compute
                 # (Lamy-Poirier 2022, Sec. 4)
-                t_dp = max(0.0, per_mb - m * st.time_per_microbatch_s)
+                t_dp = _exposed(per_mb, m * st.time_per_microbatch_s, gpu.comm_overlap_interference)
         else:
-            t_dp = 0.0
+            grads = gather = 0.0
             for g, n in ((dp_group, dense_b), (edp_group, exp_b)):
                 if cfg.zero_stage == 0:
-                    t_dp += comm.all_reduce_s(cluster, g, n * cfg.grad_reduce_bytes)
+                    grads += comm.all_reduce_s(cluster, g, n * cfg.grad_reduce_bytes)
                 else:
-                    rs = comm.reduce_scatter_s(cluster, g, n * cfg.grad_reduce_bytes)
-                    ag = comm.all_gather_s(cluster, g, n * 2)
-                    t_dp += rs + (max(0.0, ag - st.fwd_s) if cfg.overlap_param_gather else ag)
-            if cfg.overlap_grad_reduce:
-                t_dp = max(0.0, t_dp - st.bwd_s)
+                    grads += comm.reduce_scatter_s(cluster, g, n * cfg.grad_reduce_bytes)
+                    gather += comm.all_gather_s(cluster, g, n * 2)
+            intf = gpu.comm_overlap_interference
+            t_dp = (_exposed(grads, st.bwd_s, intf) if cfg.overlap_grad_reduce else grads) + \
+                (_exposed(gather, st.fwd_s, intf) if cfg.overlap_param_gather else gather)
         dp_exposed = max(dp_exposed, t_dp)
         local = (dense_b / dp_shard + exp_b / expert_dp_shard) if cfg.zero_stage >= 1 else dense_b + exp_b
         opt_s = max(opt_s, local * ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))

@@ -47,6 +47,10 @@ from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
 
+#: bytes per element of the DP gradient reduction the search assumes (RunConfig's default, bf16)
+GRAD_REDUCE_BYTES = RunConfig(num_gpus=1).grad_reduce_bytes
+
+
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of the given columns and, per input row, the index of its distinct row (like
     ``np.unique(axis=0)``, but through one integer key per row, which is much faster)."""
@@ -207,7 +211,8 @@ def refined_group_bound(space: Space, t: GroupTables, g: int) -> float:
     return sched.time([f] * p, [b] * p, [w] * p, m, v).total_s
 
 
-def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int) -> np.ndarray:
+def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int,
+                          pipe_floor_s: float = 0.0) -> np.ndarray:
     """Per ZeRO stage 0..3, a floor on the step time set by the data-parallel collectives of ranks 0 and p-1.
 
     ``step.estimate`` adds the exposed part of a rank's collectives to the pipeline time, and the pipeline takes
@@ -215,6 +220,9 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
     ZeRO-0: step >= all-reduce of the gradients; ZeRO-1/2: >= their reduce-scatter; ZeRO-3: >= m x (two
     all-gathers of the weights + a reduce-scatter of the gradients) per micro-batch, or once per step for a
     schedule that gathers once per step (breadth-first). Ring collective costs from ``planner.cost.comm``.
+    Overlapped collectives still cost the compute stream ``gpu.comm_overlap_interference`` of their duration
+    (``step._exposed``), so with ``pipe_floor_s`` a floor on the pipeline time of every row of the group, the step
+    is also at least pipe_floor_s + interference x that collective time.
     """
     row = space.groups[g]
     tp, cp, ep, pp = int(row[G["tp"]]), int(row[G["cp"]]), int(row[G["ep"]]), int(row[G["pp"]])
@@ -223,21 +231,23 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
     gpn = cluster.gpus_per_node
     dp_group = comm.place_group(int(t.dp_shard[g]), tp, gpn)
     edp_group = comm.place_group(int(t.expert_dp_shard[g]), tp * ep, gpn)
-    grad_bytes = RunConfig(num_gpus=1).grad_reduce_bytes
-    out = np.zeros(4)
-    gi = np.array([g])
+    grad_bytes = GRAD_REDUCE_BYTES
+    out = [0.0] * 4
     single = pp == 1
-    for n, extra in ((t.layers_first[g], t.embedding_params[g] + (t.head_params[g] if single else 0.0)),
-                     (t.layers_last[g], t.embedding_params[g] if single else t.head_params[g])):
-        dense, expert = (float(x[0]) for x in _local_params(t, gi, np.array([n]), np.array([extra])))
+    emb, head = float(t.embedding_params[g]), float(t.head_params[g])
+    dense_pl, expert_pl = float(t.dense_params_per_layer[g]), float(t.expert_params_per_layer[g])
+    for n, extra in ((int(t.layers_first[g]), emb + (head if single else 0.0)),
+                     (int(t.layers_last[g]), emb if single else head)):
+        dense = n * dense_pl + extra  # as _local_params, on plain floats (this runs once per group reached)
+        expert = max(0, n - t.dense_layers) * expert_pl
         pairs = ((dp_group, dense), (edp_group, expert))
         ar = sum(comm.all_reduce_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
         rs = sum(comm.reduce_scatter_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
         per_mb = sum(2 * comm.all_gather_s(cluster, grp, k * WEIGHT_BYTES) + comm.reduce_scatter_s(
             cluster, grp, k * grad_bytes) for grp, k in pairs)
         z3 = per_mb if sched.zero3_gathers_once_per_step else m * per_mb
-        out = np.maximum(out, [ar, rs, rs, z3])
-    return out
+        out = [max(a, b) for a, b in zip(out, (ar, rs, rs, z3))]
+    return np.array(out)
 
 
 def row_time_bound(space: Space, t: GroupTables, rows: Rows, group_floor: np.ndarray | None = None,

@@ -189,8 +189,9 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             gi += len(batch)
             for g in batch.tolist():
                 if by_time:
-                    dp_floor[g] = data_parallel_floor_s(model, cluster, sp, tables, g)
-                    bound = max(g_bound[g], refined_group_bound(sp, tables, g), float(dp_floor[g].min()))
+                    refined = refined_group_bound(sp, tables, g)
+                    dp_floor[g] = data_parallel_floor_s(model, cluster, sp, tables, g, pipe_floor_s=refined)
+                    bound = max(g_bound[g], refined, float(dp_floor[g].min()))
                 else:
                     bound = g_bound[g]
                 heapq.heappush(heap, (bound, seq, _GROUP, g))
