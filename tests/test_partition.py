@@ -9,7 +9,7 @@ import pytest
 from planner.cost.step import estimate
 from planner.cost.validity import config_problems
 from planner.plan import config_fields, config_from_dict
-from planner.search.partition import best_uniform_recompute, partition, partition_report
+from planner.search.partition import best_uniform_recompute, partition, partition_report, simulated_pipeline_s
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
@@ -45,6 +45,10 @@ def test_405b_uneven_partition_beats_even_split(big):
     assert rec[0] >= rec[-1] and sum(rec[:8]) > sum(rec[8:])
     # the busiest rank got faster
     assert max(s.time_per_microbatch_s for s in e1.stages) < max(s.time_per_microbatch_s for s in e0.stages)
+    # and the gain holds in the discrete-event simulation of the unequal stages, not only in the closed form
+    (c0, s0), (c1, s1) = simulated_pipeline_s(model, cluster, even), simulated_pipeline_s(model, cluster, planned)
+    assert s1 < 0.95 * s0
+    assert c0 == pytest.approx(s0, rel=0.01) and c1 == pytest.approx(s1, rel=0.01)
 
 
 def test_report_shows_per_rank_time_and_memory(big):

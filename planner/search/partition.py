@@ -299,6 +299,20 @@ def best_uniform_recompute(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -
     return best
 
 
+def simulated_pipeline_s(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> tuple[float, float]:
+    """(closed-form, simulated) pipeline time of a configuration's per-rank F, B, W: a check that a partition's
+    gain is not an artefact of the closed form's equal-stage assumption."""
+    from planner.cost.simulate import simulate_schedule
+
+    e = estimate(model, cluster, cfg)
+    f = [s.fwd_s for s in e.stages]
+    b = [s.bwd_s - s.bwd_weight_s + s.recompute_s for s in e.stages]
+    w = [s.bwd_weight_s for s in e.stages]
+    m = cfg.num_microbatches
+    closed = get_schedule(cfg.schedule).time(f, b, w, m, cfg.vpp).total_s
+    return closed, simulate_schedule(cfg.schedule, f, b, w, m, cfg.vpp).total_s
+
+
 def partition_report(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> str:
     """A markdown comparison (step time, then per pipeline rank: layers, recomputed layers, time per micro-batch,
     peak memory) of the even split with its best uniform recomputation against :func:`partition`'s result."""
@@ -331,6 +345,9 @@ def partition_report(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> str:
         f"step {e0.step_time_s:.2f} s, MFU {e0.mfu:.1%}, bubble {e0.breakdown['bubble_s']:.2f} s",
         f"- planned partition + per-stage recomputation: step {e1.step_time_s:.2f} s, MFU {e1.mfu:.1%}, "
         f"bubble {e1.breakdown['bubble_s']:.2f} s ({(e0.step_time_s / e1.step_time_s - 1):+.1%} throughput)",
+        "- pipeline time, closed form / discrete-event simulation of the same per-rank times: even "
+        "{:.2f} / {:.2f} s, planned {:.2f} / {:.2f} s".format(*simulated_pipeline_s(model, cluster, even),
+                                                             *simulated_pipeline_s(model, cluster, planned)),
         "",
         "| rank | even: layers | recomputed | ms / micro-batch | peak GiB | planned: layers | recomputed | "
         "ms / micro-batch | peak GiB |",
