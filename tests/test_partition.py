@@ -155,3 +155,16 @@ def test_virtual_stages_that_do_not_divide_get_a_valid_split(big):
     assert e.fits and sum(out.layers_per_stage) == 126 and len(out.layers_per_stage) == 32
     # the V puts the embedding (stage 0) and the LM head (stage 31) on rank 0
     assert e.stages[0].layers == (out.layers_per_stage[0], out.layers_per_stage[31])
+
+
+def test_moe_with_dense_prefix_is_partitioned_by_layer_type():
+    """DeepSeek-V3's first 3 layers are dense (cheap, light), the other 58 MoE: the DP costs each stage by the
+    types of the layers it would hold, so the split fits and beats the best uniform recomputation."""
+    model, cluster = load_model("deepseek-v3"), load_cluster("h800-80gb-sxm")
+    cfg = RunConfig(num_gpus=2048, tp=1, pp=16, ep=64, global_batch_size=3840, seq_len=4096, recompute="none")
+    assert not estimate(model, cluster, cfg).fits
+    out = partition(model, cluster, cfg)
+    e = estimate(model, cluster, out)
+    assert e.fits and not config_problems(model, cluster, out)
+    uniform = best_uniform_recompute(model, cluster, cfg)
+    assert e.step_time_s < estimate(model, cluster, uniform).step_time_s

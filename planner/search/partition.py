@@ -8,19 +8,22 @@ Narayanan et al. 2021 Sec. 3 (first and last stages carry the embedding and the 
 as in AdaPipe (Sun et al. 2024, "AdaPipe: Optimizing Pipeline Parallelism with Adaptive Recomputation and
 Partitioning", Sec. 4: recomputation chosen per stage, then stages re-balanced).
 
-Method: a dynamic program, not an ILP. Per pipeline rank r, the cost model is linear in the rank's layer count N
-and recomputed-layer count K: F_r, B_r, W_r and memory_r = a_r + b_r N + c_r K (+ one layer's recompute workspace
-when K > 0). The coefficients are read off :func:`planner.cost.step.estimate` itself (four probe configurations),
-so the partitioner never re-implements the cost model. For a given memory, the cheapest K of a rank is the
-smallest that fits (recomputation only adds time), so each (rank, N) has one cost t_r(N). Every schedule's time is
+Method: a dynamic program, not an ILP. Per pipeline rank r, the cost model is linear in the rank's layers of each
+type (dense, MoE) and in its recomputed layers: F_r, B_r, W_r and memory_r = a_r + sum_type (b_r n + c_r k) (+ one
+layer's recompute workspace when k > 0). The coefficients are read off :func:`planner.cost.step.estimate` itself
+(four probe configurations per layer type), so the partitioner never re-implements the cost model. A stage's
+layer types follow from where it starts (a MoE model's first ``first_k_dense_layers`` are dense), so costs are
+tabled per (rank, start, count). For a given memory, the cheapest recomputation of a stage is the least that
+fits (recomputation only adds time), so each (rank, start, count) has one time t. Every schedule's time is
 m max_r t_r + (a term that grows with the other ranks' t), so for each candidate bottleneck time ``cap`` (the
-finitely many t_r(N) values, in increasing order) a min-plus DP over ranks (state: layers placed so far) finds the
+finitely many t values, in increasing order) a min-plus DP over ranks (state: layers placed so far) finds the
 split with t_r <= cap and the least total time, starting from the least feasible cap (a min-max DP over the same
-states); candidates stop once m * cap exceeds the best schedule time found.
-The DP is O(p L^2) per cap with numpy (L layers), a few milliseconds for 126 layers on 16 ranks; an ILP would
+states); candidates stop once m * cap exceeds the best schedule time found (or after ``MAX_CAPS``).
+The DP is O(p L^2) per cap with numpy (L layers): tenths of a second for 126 layers on 16 ranks. An ILP would
 need CBC's branch and bound over the same integer grid for no better answer, since the problem is separable by
-rank. Each rank's layers go to its v chunks as evenly as possible. The best split (and its recomputation) is
-checked with ``estimate`` and kept only if it fits and beats the input; ties keep the input. Deterministic.
+rank along the layer order. Each rank's layers go to its v chunks as evenly as possible. The best split (and its
+recomputation) is checked with ``estimate`` (adding recomputation where the linear model was optimistic) and kept
+only if it fits and beats the input; ties keep the input. Deterministic.
 """
 
 from __future__ import annotations
@@ -42,24 +45,36 @@ from planner.specs.model import ModelSpec
 MIN_LAYERS_PER_STAGE = 1
 #: how many rounds of "add one recomputed layer to the ranks still over memory" the final check may take
 REPAIR_ROUNDS = 8
+#: most bottleneck-time candidates the DP walks through above the least feasible one (bounds the run time; the
+#: walk usually stops far earlier, once m x cap exceeds the best schedule time found)
+MAX_CAPS = 64
+
+
+@dataclass(frozen=True)
+class _TypeRates:
+    """Per-rank slopes of one layer type (dense or MoE): per layer held (n) and per layer recomputed (k)."""
+
+    fn: np.ndarray
+    bn: np.ndarray
+    wn: np.ndarray
+    memn: np.ndarray
+    fk: np.ndarray
+    bk: np.ndarray
+    memk: np.ndarray  # negative: memory saved per recomputed layer
 
 
 @dataclass(frozen=True)
 class _Rates:
-    """Per-rank linear cost model: value(N, K) = base + per_layer * N + per_recompute * K (+ jump if K > 0)."""
+    """Per-rank linear cost model: value = base + sum over layer types of (n * per-layer + k * per-recomputed),
+    plus the recompute workspace when any layer of the rank is recomputed."""
 
     f0: np.ndarray
-    fn: np.ndarray
-    fk: np.ndarray
     b0: np.ndarray
-    bn: np.ndarray
-    bk: np.ndarray
     w0: np.ndarray
-    wn: np.ndarray
     mem0: np.ndarray
-    memn: np.ndarray
-    memk: np.ndarray  # negative: memory saved per recomputed layer
-    mem_jump: np.ndarray  # recompute workspace when K > 0
+    mem_jump: np.ndarray
+    dense: _TypeRates
+    moe: _TypeRates
 
 
 def _probe(model: ModelSpec, cluster: Cluster, cfg: RunConfig, n: int, k: int | None):
@@ -76,16 +91,15 @@ def _probe(model: ModelSpec, cluster: Cluster, cfg: RunConfig, n: int, k: int | 
     return f, b, w, mem
 
 
-def _rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool) -> _Rates:
-    """Read the per-rank linear model off the cost model: probes with every stage holding 1 and 2 layers (so a
-    per-layer constant such as ZeRO-3's gathered layer lands in the slope, not the base), and with 2 layers of
-    which 1 or 2 are recomputed."""
+def _type_rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool):
+    """Probes with every stage holding 1 and 2 layers of one type (so a per-layer constant such as ZeRO-3's
+    gathered layer lands in the base, not the slope), and with 2 layers of which 1 or 2 are recomputed."""
     v = cfg.vpp
     k0 = 0 if per_stage_recompute else None
     f1, b1, w1, m1 = _probe(model, cluster, cfg, 1, k0)
     f2, b2, w2, m2 = _probe(model, cluster, cfg, 2, k0)
     fn, bn, wn, memn = (f2 - f1) / v, (b2 - b1) / v, (w2 - w1) / v, (m2 - m1) / v
-    f0, b0, w0, mem0 = f1 - fn * v, b1 - bn * v, w1 - wn * v, m1 - memn * v
+    base = (f1 - fn * v, b1 - bn * v, w1 - wn * v, m1 - memn * v)
     zero = np.zeros_like(f1)
     if per_stage_recompute:
         fa, ba, _, ma = _probe(model, cluster, cfg, 2, 1)
@@ -94,29 +108,62 @@ def _rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompu
         jump = np.maximum(0.0, ma - memk * v - m2)
     else:
         fk = bk = memk = jump = zero
-    return _Rates(f0, fn, fk, b0, bn, bk, w0, wn, mem0, memn, memk, jump)
+    return base, jump, _TypeRates(fn, bn, wn, memn, fk, bk, memk)
 
 
-def _rank_costs(rates: _Rates, limit: float, max_layers: int, recompute: bool):
-    """For each rank and layer count N: the least recomputation K that fits in memory, and the rank's time
-    per micro-batch; infeasible entries are inf."""
-    p = len(rates.f0)
-    N = np.arange(max_layers + 1, dtype=float)
-    t = np.full((p, max_layers + 1), math.inf)
-    K = np.zeros((p, max_layers + 1), dtype=int)
+def _rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool) -> _Rates:
+    """Read the per-rank linear model off the cost model, for dense and (in a mixture-of-experts model) MoE
+    layers separately: the probes use the model with every layer dense, then every layer MoE."""
+    if model.is_moe:
+        variants = [model.with_(first_k_dense_layers=model.num_layers), model.with_(first_k_dense_layers=0)]
+    else:
+        variants = [model]
+    probed = [_type_rates(x, cluster, cfg, per_stage_recompute) for x in variants]
+    (f0, b0, w0, mem0), jump, dense = probed[0]
+    moe = dense
+    if len(probed) > 1:
+        (_, _, _, mem0_moe), jump_moe, moe = probed[1]
+        mem0, jump = np.maximum(mem0, mem0_moe), np.maximum(jump, jump_moe)  # ZeRO-3's largest layer, workspace
+    return _Rates(f0, b0, w0, mem0, jump, dense, moe)
+
+
+def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, recompute: bool):
+    """Per rank r, stage start a (layers before it) and layer count n: the least recomputation K that fits in
+    memory and the rank's F, B, W per micro-batch (inf where nothing fits). The layers of a stage starting at a
+    are dense below ``first_k_dense_layers``, MoE above; step.py recomputes a stage's dense layers first. With
+    virtual stages a rank's chunks are not contiguous, so its layers count as the model's majority type."""
+    p, L = cfg.pp, model.num_layers
+    a = np.arange(L + 1, dtype=float)[:, None]
+    n = np.arange(L + 1, dtype=float)[None, :]
+    if not model.is_moe:
+        nd = np.broadcast_to(n, (L + 1, L + 1))
+    elif cfg.vpp == 1:
+        nd = np.clip(model.first_k_dense_layers - a, 0, n)
+    else:
+        nd = np.broadcast_to(n if model.first_k_dense_layers * 2 > L else 0 * n, (L + 1, L + 1))
+    nm = n - nd
+    shape = (p, L + 1, L + 1)
+    F, B, W, K = np.full(shape, math.inf), np.full(shape, math.inf), np.full(shape, math.inf), np.zeros(shape)
+    d, e = rates.dense, rates.moe
     for r in range(p):
-        mem_none = rates.mem0[r] + rates.memn[r] * N
-        k = np.zeros_like(N)
-        if recompute and rates.memk[r] < 0:
-            need = (mem_none + rates.mem_jump[r] - limit) / -rates.memk[r]
-            k = np.where(mem_none <= limit, 0.0, np.ceil(np.maximum(need, 0.0) - 1e-9))
-        mem = mem_none + rates.memk[r] * k + np.where(k > 0, rates.mem_jump[r], 0.0)
-        ok = (mem <= limit) & (k <= N)
-        total = (rates.f0[r] + rates.b0[r] + rates.w0[r] + (rates.fn[r] + rates.bn[r] + rates.wn[r]) * N
-                 + (rates.fk[r] + rates.bk[r]) * k)
-        t[r] = np.where(ok, total, math.inf)
-        K[r] = k.astype(int)
-    return t, K
+        mem_none = rates.mem0[r] + nd * d.memn[r] + nm * e.memn[r]
+        kd = km = np.zeros_like(mem_none)
+        if recompute:
+            need = mem_none + rates.mem_jump[r] - limit
+            sd, sm = -d.memk[r], -e.memk[r]
+            kd = np.minimum(nd, np.ceil(np.maximum(need, 0.0) / sd - 1e-9)) if sd > 0 else nd.copy()
+            rest = need - kd * max(sd, 0.0)
+            km = np.ceil(np.maximum(rest, 0.0) / sm - 1e-9) if sm > 0 else np.where(rest > 0, nm + 1, 0.0)
+            over = mem_none <= limit
+            kd, km = np.where(over, 0.0, kd), np.where(over, 0.0, km)
+        k = kd + km
+        mem = mem_none + kd * d.memk[r] + km * e.memk[r] + np.where(k > 0, rates.mem_jump[r], 0.0)
+        ok = (mem <= limit * (1 + 1e-12)) & (km <= nm) & (n <= L - a)
+        F[r] = np.where(ok, rates.f0[r] + nd * d.fn[r] + nm * e.fn[r] + kd * d.fk[r] + km * e.fk[r], math.inf)
+        B[r] = np.where(ok, rates.b0[r] + nd * d.bn[r] + nm * e.bn[r] + kd * d.bk[r] + km * e.bk[r], math.inf)
+        W[r] = np.where(ok, rates.w0[r] + nd * d.wn[r] + nm * e.wn[r], math.inf)
+        K[r] = k
+    return F, B, W, K.astype(int)
 
 
 @lru_cache(maxsize=64)
@@ -127,31 +174,37 @@ def _shift_tables(layers: int) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(diff, 0, layers), diff >= 0
 
 
-def _min_max_time(t: np.ndarray, layers: int, min_per_rank: int) -> float:
-    """Min-max DP over ranks: the least bottleneck time max_r t_r(N_r) of any split with sum N_r = layers."""
-    cost = t[:, :layers + 1].copy()
-    cost[:, :min_per_rank] = math.inf
+def _by_end(t: np.ndarray, layers: int, min_per_rank: int) -> np.ndarray:
+    """Re-index rank costs [r, start a, count n] as [r, end l = a + n, n] for the DP (inf where n > l or n is
+    below the minimum)."""
+    gather, valid = _shift_tables(layers)
+    out = t[:, gather, np.arange(layers + 1)[None, :]]
+    out[:, ~valid] = math.inf
+    out[:, :, :min_per_rank] = math.inf
+    return out
+
+
+def _min_max_time(te: np.ndarray, layers: int) -> float:
+    """Min-max DP over ranks: the least bottleneck time max_r t_r of any split placing all ``layers``."""
     gather, valid = _shift_tables(layers)
     best = np.full(layers + 1, math.inf)
     best[0] = 0.0
-    for r in range(t.shape[0]):
-        best = np.min(np.maximum(np.where(valid, best[gather], math.inf), cost[r][None, :]), axis=1)
+    for r in range(te.shape[0]):
+        best = np.min(np.maximum(np.where(valid, best[gather], math.inf), te[r]), axis=1)
     return float(best[layers])
 
 
-def _min_sum_split(t: np.ndarray, cap: float, layers: int, min_per_rank: int) -> list[int] | None:
-    """Min-plus DP over ranks: layer counts N_r (sum = layers, t_r(N_r) <= cap) with the least sum of t."""
-    p = t.shape[0]
-    cost = np.where(t[:, :layers + 1] <= cap, t[:, :layers + 1], math.inf)
-    cost[:, :min_per_rank] = math.inf
+def _min_sum_split(te: np.ndarray, cap: float, layers: int) -> list[int] | None:
+    """Min-plus DP over ranks: layer counts N_r (sum = layers, every t_r <= cap) with the least sum of t."""
+    p = te.shape[0]
     gather, valid = _shift_tables(layers)
     best = np.full(layers + 1, math.inf)
     best[0] = 0.0
     choice = np.zeros((p, layers + 1), dtype=int)
     rows = np.arange(layers + 1)
     for r in range(p):
-        # new[l] = min over n <= l of best[l - n] + cost[r, n]
-        total = np.where(valid, best[gather], math.inf) + cost[r][None, :]
+        # new[l] = min over n <= l of best[l - n] + cost of n layers ending at l
+        total = np.where(valid, best[gather], math.inf) + np.where(te[r] <= cap, te[r], math.inf)
         choice[r] = np.argmin(total, axis=1)  # first minimum: deterministic
         best = total[rows, choice[r]]
     if not math.isfinite(best[layers]):
@@ -187,31 +240,32 @@ def _spread(cfg: RunConfig, per_rank_n: list[int], per_rank_k: list[int]) -> tup
 
 
 def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool) -> RunConfig | None:
-    p, m, L = cfg.pp, cfg.num_microbatches, model.num_layers
+    m, L = cfg.num_microbatches, model.num_layers
     limit = cluster.gpu.hbm_bytes - cluster.gpu.memory_reserve_bytes
     rates = _rates(model, cluster, cfg, per_stage_recompute)
     min_per_rank = MIN_LAYERS_PER_STAGE * cfg.vpp
-    t, K = _rank_costs(rates, limit, L, per_stage_recompute)
+    F, B, W, K = _rank_costs(model, cfg, rates, limit, per_stage_recompute)
+    t = F + B + W
+    te = _by_end(t, L, min_per_rank)
     sched = get_schedule(cfg.schedule)
-    caps = np.unique(t[np.isfinite(t)])
+    caps = np.unique(te[np.isfinite(te)])
     best_cfg, best_time = None, math.inf
     # the smallest feasible cap (min-max DP), then walk up while m * cap can still beat the best schedule time
-    lowest = _min_max_time(t, L, min_per_rank)
+    lowest = _min_max_time(te, L)
     if not math.isfinite(lowest):
         return None
-    for i in range(int(np.searchsorted(caps, lowest)), len(caps)):
+    first = int(np.searchsorted(caps, lowest))
+    for i in range(first, min(len(caps), first + MAX_CAPS)):
         if m * caps[i] >= best_time:
             break
-        split = _min_sum_split(t, caps[i], L, min_per_rank)
+        split = _min_sum_split(te, caps[i], L)
         if split is None:
             continue
-        ks = [int(K[r][n]) for r, n in enumerate(split)]
-        f = [rates.f0[r] + rates.fn[r] * n + rates.fk[r] * k for r, (n, k) in enumerate(zip(split, ks))]
-        b = [rates.b0[r] + rates.bn[r] * n + rates.bk[r] * k for r, (n, k) in enumerate(zip(split, ks))]
-        w = [rates.w0[r] + rates.wn[r] * n for r, n in enumerate(split)]
-        total = sched.time(f, b, w, m, cfg.vpp).total_s
+        starts = [sum(split[:r]) for r in range(len(split))]
+        pick = [(r, a, n) for r, (a, n) in enumerate(zip(starts, split))]
+        total = sched.time([F[x] for x in pick], [B[x] for x in pick], [W[x] for x in pick], m, cfg.vpp).total_s
         if total < best_time:
-            best_time, best_cfg = total, (split, ks)
+            best_time, best_cfg = total, (split, [int(K[x]) for x in pick])
     if best_cfg is None:
         return None
     split, ks = best_cfg
