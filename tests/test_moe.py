@@ -221,3 +221,47 @@ def test_estimate_cli_takes_ep():
     bad = CliRunner().invoke(app, ["estimate", "--model", "mixtral-8x7b", "--cluster", "h100-80gb-sxm", "--gpus",
                                    "64", "--ep", "16", "--global-batch", "256"])
     assert bad.exit_code == 2 and "ep" in bad.output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Group-limited routing (DeepSeek-V3 report Sec. 2.1.2, 3.2.2): at most topk_group nodes per token
+# ---------------------------------------------------------------------------------------------------------------
+def test_expected_nodes_per_token():
+    from planner.cost.moe import expected_nodes_per_token
+    # DeepSeek-V3: 8 routed experts within 4 nodes -> 4 (1 - (3/4)^8) = 3.5995 distinct nodes on average
+    assert expected_nodes_per_token(8, 8, 4) == pytest.approx(4 * (1 - 0.75**8))
+    assert expected_nodes_per_token(8, 8, 4) == pytest.approx(3.5995, abs=1e-4)
+    assert expected_nodes_per_token(2, 1) == 1.0
+
+
+@given(st.integers(min_value=1, max_value=16), st.integers(min_value=1, max_value=64),
+       st.integers(min_value=0, max_value=8))
+def test_expected_nodes_bounded_by_experts_nodes_and_limit(k, nodes, limit):
+    from planner.cost.moe import expected_nodes_per_token
+    e = expected_nodes_per_token(k, nodes, limit)
+    assert 1.0 - 1e-12 <= e <= min(k, nodes, limit or nodes) + 1e-12
+
+
+def test_node_limited_dispatch_beats_the_plain_all_to_all_for_deepseek_v3():
+    from planner.cost.moe import node_limited_all_to_all_s
+    assert (DSV3.expert_groups, DSV3.expert_groups_per_token) == (8, 4)
+    cfg = RunConfig(num_gpus=2048, pp=16, ep=64, global_batch_size=15360, seq_len=4096)
+    g = comm.groups_for(H800, 1, 1, cfg.dp, 16, 64)
+    assert (g.ep.size, g.ep.members_per_node) == (64, 8)
+    limited = node_limited_all_to_all_s(DSV3, H800, cfg, g.ep)
+    plain = comm.all_to_all_s(H800, g.ep, dispatch_bytes(DSV3, cfg))
+    # NIC bytes per token: 3.6 x 7/8 remote nodes of h instead of k x 56/64 copies of h, ~2.2x less
+    assert plain / limited == pytest.approx((8 * 56 / 64) / (3.5995 * 7 / 8), rel=0.05)
+    assert ep_layer_cost(DSV3, H800, cfg, g.ep, g.tp).all_to_all_s == pytest.approx(limited)
+    # inside one node there is nothing to deduplicate: the plain all-to-all over NVLink
+    g8 = comm.groups_for(H800, 1, 1, cfg.dp, 16, 8)
+    assert ep_layer_cost(DSV3, H800, cfg.with_(ep=8), g8.ep, g8.tp).all_to_all_s == pytest.approx(
+        comm.all_to_all_s(H800, g8.ep, dispatch_bytes(DSV3, cfg)))
+
+
+def test_group_limited_routing_fields_are_checked():
+    d = json.loads((model_specs_dir() / "deepseek-v3.json").read_text())
+    with pytest.raises(PlannerError):
+        model_from_config(dict(d, topk_group=9))
+    with pytest.raises(PlannerError):
+        model_from_config(dict(d, n_group=7))

@@ -16,6 +16,13 @@ and reduce-scattered after, on T k tokens instead of the dense MLP's T.
 Expert weights and their optimizer states are sharded over ep x TP; ZeRO shards them further over the expert-data-
 parallel group of dp x cp / ep ranks (:func:`planner.cost.memory.model_state_bytes`).
 
+Group-limited routing (DeepSeek-V3 report, Sec. 2.1.2 and 3.2.2; spec fields ``n_group`` / ``topk_group``): when the
+EP group spans nodes and the expert groups sit one (or a whole number of) group(s) per node, each token crosses
+the network at most once per target node, to at most ``topk_group`` nodes, and is forwarded inside the node over
+NVLink (the report's dispatch kernels). Its all-to-all then moves E[distinct remote nodes] x h bytes per token over
+the NIC instead of k (n - k_node)/n x h (:func:`node_limited_all_to_all_s`). Models without it use the plain
+all-to-all of :func:`planner.cost.comm.all_to_all_s` (Megatron's all-to-all dispatcher sends every copy).
+
 Assumed: balanced routing (auxiliary-loss or bias balancing) and no dropped tokens (Megatron's dropless MoE); the
 all-to-alls are not overlapped with compute (DeepSeek's DualPipe hides them; that is a schedule, not modelled).
 """
@@ -65,6 +72,31 @@ def expert_params_per_gpu(model: ModelSpec, cfg: RunConfig) -> float:
     return model.num_experts * dense_mlp_params(model, model.moe_ffn_hidden_size) / (cfg.ep * cfg.tp)
 
 
+def expected_nodes_per_token(k: int, nodes: int, max_nodes: int = 0) -> float:
+    """Expected distinct nodes a token's k expert copies land on, experts spread evenly over ``nodes`` nodes and
+    picked uniformly (balanced routing): n (1 - (1 - 1/n)^k), n = nodes, or n = max_nodes when routing is limited
+    to that many nodes (DeepSeek-V3: k = 8 within 4 nodes gives 3.60)."""
+    n = min(nodes, max_nodes) if max_nodes else nodes
+    return n * (1.0 - (1.0 - 1.0 / n) ** k) if n > 0 else 0.0
+
+
+def node_limited_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: RunConfig,
+                              ep_group: comm.GroupPlacement) -> float:
+    """One dispatch (or combine) with group-limited routing and per-node deduplication (DeepSeek-V3 Sec. 3.2.2):
+    over the NIC each token goes once to each remote node it needs, E[distinct nodes] x (N - 1)/N of them, N the
+    nodes of the EP group; over NVLink the receiving GPU forwards the k copies to their experts' GPUs, (g - 1)/g of
+    them leaving it (g EP members per node). The slower side bounds the time, plus one latency per peer."""
+    g = ep_group.members_per_node
+    nodes = ep_group.size // g
+    limit = model.expert_groups_per_token if model.expert_groups % nodes == 0 else 0
+    per_token = model.hidden_size * ACT_BYTES
+    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp / (cfg.tp if cfg.sequence_parallel else 1)
+    remote = expected_nodes_per_token(model.experts_per_token, nodes, limit) * (nodes - 1) / nodes
+    t_inter = T * remote * per_token / cluster.inter_node.bus_bandwidth_bytes_per_s
+    t_intra = T * model.experts_per_token * (g - 1) / g * per_token / cluster.intra_node.bus_bandwidth_bytes_per_s
+    return max(t_inter, t_intra) + (nodes - 1) * cluster.inter_node.latency_s + (g - 1) * cluster.intra_node.latency_s
+
+
 @dataclass(frozen=True)
 class EPCost:
     """Expert communication of one MoE layer, one micro-batch, one GPU (all on the critical path)."""
@@ -88,7 +120,10 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, ep_group: 
     """
     if cfg.ep <= 1:
         return NO_EP
-    a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg))
+    if model.expert_groups_per_token and ep_group.spans_nodes:
+        a2a = node_limited_all_to_all_s(model, cluster, cfg, ep_group)
+    else:
+        a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg))
     etp = 0.0
     if cfg.tp > 1:
         T = cfg.micro_batch_size * cfg.seq_len / cfg.cp

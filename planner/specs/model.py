@@ -52,6 +52,11 @@ class ModelSpec:
     moe_ffn_hidden_size: int = 0
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
+    #: group-limited routing (DeepSeek-V3 report Sec. 2.1.2 / 3.2.2, HF ``n_group`` / ``topk_group``): experts
+    #: form ``expert_groups`` groups and each token's experts lie in at most ``expert_groups_per_token`` of them;
+    #: deployed one group per node, a token crosses the network to at most that many nodes. 0 = unrestricted
+    expert_groups: int = 0
+    expert_groups_per_token: int = 0
     # Multi-head latent attention (DeepSeek-V2/V3), 0 = standard attention
     q_lora_rank: int = 0  # 0 with MLA: queries projected directly (DeepSeek-V2-Lite)
     kv_lora_rank: int = 0
@@ -278,6 +283,8 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             moe_ffn_hidden_size=moe_ffn,
             num_shared_experts=f.int("n_shared_experts", default=0, minimum=0),
             first_k_dense_layers=f.int("first_k_dense_replace", default=0, minimum=0),
+            expert_groups=f.int("n_group", default=0, minimum=0) if num_experts else 0,
+            expert_groups_per_token=f.int("topk_group", default=0, minimum=0) if num_experts else 0,
             q_lora_rank=f.int("q_lora_rank", default=0, minimum=0),
             kv_lora_rank=f.int("kv_lora_rank", default=0, minimum=0),
             qk_rope_head_dim=f.int("qk_rope_head_dim", default=0, minimum=0),
@@ -306,6 +313,10 @@ def validate_model(spec: ModelSpec, source: str) -> None:
     if spec.is_mla and not (spec.qk_nope_head_dim and spec.qk_rope_head_dim and spec.v_head_dim):
         raise PlannerError("multi-head latent attention (kv_lora_rank > 0) needs qk_nope_head_dim, qk_rope_head_dim "
                            "and v_head_dim", source=source, field="kv_lora_rank")
+    if spec.expert_groups and (spec.num_experts % spec.expert_groups
+                               or not 0 < spec.expert_groups_per_token <= spec.expert_groups):
+        raise PlannerError(f"n_group ({spec.expert_groups}) must divide the {spec.num_experts} experts and topk_group "
+                           f"({spec.expert_groups_per_token}) be in 1..n_group", source=source, field="topk_group")
     if spec.is_moe and not spec.moe_ffn_hidden_size:
         raise PlannerError("experts need a width", source=source, field="moe_intermediate_size")
     if spec.first_k_dense_layers > spec.num_layers:
