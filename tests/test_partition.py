@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.cost.step import estimate
 from planner.cost.validity import config_problems
@@ -168,3 +170,26 @@ def test_moe_with_dense_prefix_is_partitioned_by_layer_type():
     assert e.fits and not config_problems(model, cluster, out)
     uniform = best_uniform_recompute(model, cluster, cfg)
     assert e.step_time_s < estimate(model, cluster, uniform).step_time_s
+
+
+@settings(max_examples=15, deadline=None)
+@given(pp=st.sampled_from([2, 4]), tp=st.sampled_from([1, 2]), mbs=st.sampled_from([1, 2, 4]),
+       seq=st.sampled_from([2048, 8192]), recompute=st.sampled_from(["none", "selective", "full"]),
+       sched=st.sampled_from(["1f1b", "zb-h1", "interleaved-1f1b", "gpipe"]))
+def test_partition_never_returns_something_worse(pp, tp, mbs, seq, recompute, sched):
+    """Property: the result is valid; when it differs from the input it fits and is faster (or the input did
+    not fit)."""
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    vpp = 2 if sched == "interleaved-1f1b" else 1
+    cfg = RunConfig(num_gpus=8 * pp * tp, tp=tp, pp=pp, vpp=vpp, global_batch_size=64 * pp, micro_batch_size=mbs,
+                    seq_len=seq, recompute=recompute, schedule=sched)
+    if config_problems(model, cluster, cfg):
+        assert partition(model, cluster, cfg) is cfg
+        return
+    out = partition(model, cluster, cfg)
+    assert not config_problems(model, cluster, out)
+    if out != cfg:
+        before, after = estimate(model, cluster, cfg), estimate(model, cluster, out)
+        assert after.fits
+        assert not before.fits or after.step_time_s < before.step_time_s
+        assert sum(out.layers_per_stage) == model.num_layers
