@@ -43,8 +43,9 @@ def brute_force(model, cluster, n, batch, seq, space=SearchSpace(), limit=None):
     tables = group_tables(model, cluster, sp)
     rows = sp.expand(np.arange(len(sp.groups)))
     refined = np.array([refined_group_bound(sp, tables, g) for g in range(len(sp.groups))])
-    dp_floor = np.array([data_parallel_floor_s(model, cluster, sp, tables, g) for g in range(len(sp.groups))])
-    tb = row_time_bound(sp, tables, rows, refined[rows.group], dp_floor[rows.group])
+    floors = [data_parallel_floor_s(model, cluster, sp, tables, g) for g in range(len(sp.groups))]
+    coef, coll = np.array([f[0] for f in floors]), np.array([f[1] for f in floors])
+    tb = row_time_bound(sp, tables, rows, refined[rows.group], (coef[rows.group], coll[rows.group]))
     mb = row_memory_bound(sp, tables, rows)
     out = []
     for i in range(len(rows)):

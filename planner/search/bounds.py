@@ -32,11 +32,12 @@ bytes per parameter, sharded by ZeRO stage over DP x CP) and their in-flight act
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import embedding_ops, head_ops, pass_times
+from planner.cost.compute import ACT_BYTES, embedding_ops, head_ops, pass_times
 from planner.cost.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_activation_bytes,
                                  embedding_params, expert_params_per_layer, head_params, layer_params, norm_params)
 from planner.cost.schedule import SCHEDULES
@@ -71,8 +72,9 @@ def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class GroupTables:
     """Per-group quantities the bounds need (arrays indexed by group), computed once per request."""
 
-    fwd_s: np.ndarray  # whole model, one micro-batch: forward incl. exposed TP / CP / EP comm, embedding, head
-    bwd_input_s: np.ndarray  # input-gradient backward incl. exposed comm
+    fwd_s: np.ndarray  # whole model, one micro-batch: forward incl. exposed TP / CP / EP comm, embedding, head, and
+    #: the pipeline sends of all ranks
+    bwd_input_s: np.ndarray  # input-gradient backward incl. exposed comm and pipeline sends
     bwd_weight_s: np.ndarray  # weight-gradient backward
     selective_s: np.ndarray  # extra time of selective recomputation, whole model
     full_s: np.ndarray  # extra time of full recomputation of every layer (its forward again, with comm)
@@ -95,6 +97,9 @@ class GroupTables:
     expert_dp_shard: np.ndarray
     dense_layers: int  # layers before the first MoE layer (all of them for a dense model)
     optimizer_s_per_param: float  # optimizer step time per local parameter
+    layer_s: np.ndarray  # (groups, 6): one dense layer's F, B, W and one MoE layer's F, B, W (incl. exposed comm)
+    ends_s: np.ndarray  # (groups, 5): embedding F, embedding W (its backward), LM head F, B, W
+    p2p_s: np.ndarray  # one pipeline send (0 without PP)
 
 
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
@@ -105,7 +110,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     # ---- per-layer costs per distinct (tp, cp, cp_kind, mb, sp, ep) --------------------------------------------
     uniq, inv = _unique_rows(tp, cp, kind, mb, sp, ep)
     names = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none", "act_sel", "act_full", "act_emb",
-             "cp_buf")
+             "cp_buf", "fd", "bd", "wd", "fm", "bm", "wm", "emb_f", "emb_w", "head_f", "head_b", "head_w")
     tab = {k: np.zeros(len(uniq)) for k in names}
     for u, (t, c, k, b, s, e) in enumerate(uniq.tolist()):
         cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
@@ -116,10 +121,13 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
             costs.append((n_moe, _layer_cost(model, cluster, cfg, groups, moe=True)))
         full_min = np.inf
         act = {"act_none": np.inf, "act_sel": np.inf, "act_full": np.inf}
-        for count, lc in costs:
+        for (count, lc), kind_ in zip(costs, "dm"):
             # the composition of step.estimate: forward comm = TP + CP + EP forward, backward likewise
             comm_f = lc.tp_fwd_s + lc.cp_fwd_s + lc.ep_fwd_s
             comm_b = lc.tp_bwd_s + lc.cp_bwd_s + lc.ep_fwd_s
+            tab["f" + kind_][u] = lc.pt.fwd_s + comm_f
+            tab["b" + kind_][u] = lc.pt.bwd_input_s + comm_b
+            tab["w" + kind_][u] = lc.pt.bwd_weight_s
             tab["fwd"][u] += count * (lc.pt.fwd_s + comm_f)
             tab["bwd_in"][u] += count * (lc.pt.bwd_input_s + comm_b)
             tab["bwd_w"][u] += count * lc.pt.bwd_weight_s
@@ -135,11 +143,30 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
             tab[key][u] = val
         emb = pass_times(embedding_ops(model, cfg), gpu)
         head = pass_times(head_ops(model, cfg), gpu)
+        if not n_moe:
+            tab["fm"][u], tab["bm"][u], tab["wm"][u] = tab["fd"][u], tab["bd"][u], tab["wd"][u]
+        tab["emb_f"][u], tab["emb_w"][u] = emb.fwd_s, emb.bwd_s
+        tab["head_f"][u], tab["head_b"][u], tab["head_w"][u] = head.fwd_s, head.bwd_input_s, head.bwd_weight_s
         tab["fwd"][u] += emb.fwd_s + head.fwd_s
         tab["bwd_in"][u] += head.bwd_input_s
         tab["bwd_w"][u] += emb.bwd_s + head.bwd_weight_s
         tab["act_emb"][u] = embedding_activation_bytes(model, cfg)
     t_ = {k: v[inv] for k, v in tab.items()}
+    # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
+    # point-to-point each per micro-batch (step.estimate folds them into F and B); Megatron's scatter/gather sends
+    # 1/tp of it (Narayanan et al. 2021 Sec. 4.1), the smallest message step.estimate uses
+    p2p = np.zeros(len(tp))
+    piped = np.flatnonzero(pp > 1)
+    if len(piped):
+        uniq, inv_p = _unique_rows(tp[piped], cp[piped], space.dp[piped], pp[piped], ep[piped], mb[piped])
+        vals = np.empty(len(uniq))
+        for u, (t, c, d, p, e, b) in enumerate(uniq.tolist()):
+            link = comm.groups_for(cluster, t, c, d, p, e).pp_link
+            vals[u] = comm.p2p_s(link, b * space.seq_len / c * model.hidden_size * ACT_BYTES / t)
+        p2p[piped] = vals[inv_p]
+    sends = pp * vpp * p2p  # whole pipeline, one direction, one micro-batch
+    t_["fwd"] = t_["fwd"] + sends
+    t_["bwd_in"] = t_["bwd_in"] + sends
     # ---- schedule: equal-rank time factor, in-flight micro-batches and layers of ranks 0 and p-1 ---------------
     L = model.num_layers
     uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
@@ -177,7 +204,9 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=embedding_params(model, space.seq_len) / tp, head_params=head_p,
         dp_shard=dp_shard, expert_dp_shard=np.maximum(1, dp_shard // ep), dense_layers=n_dense,
-        optimizer_s_per_param=ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
+        optimizer_s_per_param=ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency),
+        layer_s=np.stack([t_[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1),
+        ends_s=np.stack([t_[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1), p2p_s=p2p)
 
 
 def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
@@ -202,37 +231,88 @@ def _recompute_s(space: Space, t: GroupTables, g: np.ndarray, rec: np.ndarray) -
                      [t.selective_s[g], t.full_s[g], full_k_layers * t.layer_full_min_s[g]], 0.0)
 
 
-def refined_group_bound(space: Space, t: GroupTables, g: int) -> float:
-    """The group's schedule time with p equal ranks at its own F / B / W split (see the module docstring)."""
+@lru_cache(maxsize=4096)
+def _chunk_layout(schedule: str, num_layers: int, p: int, v: int, dense_until: int) -> tuple[tuple[int, ...], ...]:
+    """(rank, model chunk, dense layers, MoE layers) of every chunk under the even split and the schedule's
+    placement of chunks on ranks."""
+    sched = SCHEDULES[schedule]
+    counts = even_layer_split(num_layers, p * v)
+    starts = [sum(counts[:j]) for j in range(len(counts))]
+    out = []
+    for r in range(p):
+        for c in range(v):
+            j = sched.stage_index(p, v, r, c)
+            nd = max(0, min(starts[j] + counts[j], dense_until) - starts[j])
+            out.append((r, j, nd, counts[j] - nd))
+    return tuple(out)
+
+
+def rank_times(space: Space, t: GroupTables, g: int) -> tuple[list[float], list[float], list[float]]:
+    """Per-rank F, B, W of one micro-batch under the even split, with no recomputation.
+
+    Each rank's times add up what ``step.estimate`` puts on it, leaving out only terms that add (the LM head's
+    sequence-parallel gather, the TP gather of a pipeline send without SP): its chunks' layers (dense or MoE, with
+    exposed TP / CP / EP comm), one pipeline send each way per chunk, the embedding on the first chunk and the LM
+    head on the last. So they are exact on a rank without the LM head whenever TP = 1 or SP is on."""
     row = space.groups[g]
-    p, v, m = int(row[G["pp"]]), int(row[G["vpp"]]), int(space.num_microbatches[g])
+    p, v = int(row[G["pp"]]), int(row[G["vpp"]])
+    fd, bd, wd, fm, bm, wm = t.layer_s[g].tolist()
+    emb_f, emb_w, head_f, head_b, head_w = t.ends_s[g].tolist()
+    send = float(t.p2p_s[g]) if p > 1 else 0.0
+    F, B, W = [0.0] * p, [0.0] * p, [0.0] * p
+    for r, j, nd, nm in _chunk_layout(space.schedules[int(row[G["sched"]])], space.num_layers, p, v, t.dense_layers):
+        F[r] += nd * fd + nm * fm + send
+        B[r] += nd * bd + nm * bm + send
+        W[r] += nd * wd + nm * wm
+        if j == 0:
+            F[r] += emb_f
+            W[r] += emb_w
+        if j == p * v - 1:
+            F[r] += head_f
+            B[r] += head_b
+            W[r] += head_w
+    return F, B, W
+
+
+def refined_group_bound(space: Space, t: GroupTables, g: int) -> float:
+    """The schedule's time over the group's per-rank ``rank_times`` (no recomputation: a floor for every row)."""
+    row = space.groups[g]
     sched = SCHEDULES[space.schedules[int(row[G["sched"]])]]
-    f, b, w = t.fwd_s[g] / p, t.bwd_input_s[g] / p, t.bwd_weight_s[g] / p
-    return sched.time([f] * p, [b] * p, [w] * p, m, v).total_s
+    F, B, W = rank_times(space, t, g)
+    return sched.time(F, B, W, int(space.num_microbatches[g]), int(row[G["vpp"]])).total_s
 
 
-def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int,
-                          pipe_floor_s: float = 0.0) -> np.ndarray:
-    """Per ZeRO stage 0..3, a floor on the step time set by the data-parallel collectives of ranks 0 and p-1.
+def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables,
+                          g: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per ZeRO stage 0..3, (a, C) such that step >= a x pipeline + C, from the data-parallel collectives of ranks
+    0 and p-1 (ring costs from ``planner.cost.comm``; their parameters from the per-rank floors above).
 
-    ``step.estimate`` adds the exposed part of a rank's collectives to the pipeline time, and the pipeline takes
-    at least m x that rank's per-micro-batch time, so (whatever the overlap):
-    ZeRO-0: step >= all-reduce of the gradients; ZeRO-1/2: >= their reduce-scatter; ZeRO-3: >= m x (two
-    all-gathers of the weights + a reduce-scatter of the gradients) per micro-batch, or once per step for a
-    schedule that gathers once per step (breadth-first). Ring collective costs from ``planner.cost.comm``.
-    Overlapped collectives still cost the compute stream ``gpu.comm_overlap_interference`` of their duration
-    (``step._exposed``), so with ``pipe_floor_s`` a floor on the pipeline time of every row of the group, the step
-    is also at least pipe_floor_s + interference x that collective time.
+    ``step.estimate`` adds each collective's exposed part, ``_exposed(c, window) = c - h + i h`` with h = min(c,
+    window) hidden under a window of the rank's compute and i = ``gpu.comm_overlap_interference``, to the pipeline
+    time P, which is at least m x the rank's per-micro-batch time t (so every window is at most t <= P / m):
+
+    * ZeRO-0 (all-reduce of the gradients) and ZeRO-1/2 (reduce-scatter of the gradients + all-gather of the
+      weights), windows within one micro-batch: step >= P + c - (1 - i) t >= (1 - (1 - i)/m) P + c;
+    * ZeRO-3, gathers and reduce-scatter per micro-batch: step >= P + m (c - (1 - i) t) >= i P + m c;
+      gathered once per step (breadth-first schedules): step >= P + c - (1 - i) m t >= i P + c.
+
+    Where ``rank_times`` are exact for rank 0 (see there), its own windows give a second floor:
+    step >= P + _exposed(gradient collective, backward) + _exposed(weight gather, forward) for ZeRO-0/1/2, and
+    step >= P + m _exposed(ZeRO-3 traffic, 2 F + B + W) for ZeRO-3 (recomputation adds at most one forward of the
+    layers to a micro-batch, so 2 F + B + W bounds its window). Returned as arrays a, C of shape (2, 4):
+    step >= max_k (a[k] P + C[k]) per ZeRO stage.
     """
     row = space.groups[g]
-    tp, cp, ep, pp = int(row[G["tp"]]), int(row[G["cp"]]), int(row[G["ep"]]), int(row[G["pp"]])
+    tp, ep, pp = int(row[G["tp"]]), int(row[G["ep"]]), int(row[G["pp"]])
     m = int(space.num_microbatches[g])
     sched = SCHEDULES[space.schedules[int(row[G["sched"]])]]
+    i = float(getattr(cluster.gpu, "comm_overlap_interference", 0.0))
     gpn = cluster.gpus_per_node
     dp_group = comm.place_group(int(t.dp_shard[g]), tp, gpn)
     edp_group = comm.place_group(int(t.expert_dp_shard[g]), tp * ep, gpn)
     grad_bytes = GRAD_REDUCE_BYTES
-    out = [0.0] * 4
+    coll = [0.0] * 4
+    rank0: tuple[float, ...] = ()
     single = pp == 1
     emb, head = float(t.embedding_params[g]), float(t.head_params[g])
     dense_pl, expert_pl = float(t.dense_params_per_layer[g]), float(t.expert_params_per_layer[g])
@@ -243,25 +323,68 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
         pairs = ((dp_group, dense), (edp_group, expert))
         ar = sum(comm.all_reduce_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
         rs = sum(comm.reduce_scatter_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
-        per_mb = sum(2 * comm.all_gather_s(cluster, grp, k * WEIGHT_BYTES) + comm.reduce_scatter_s(
-            cluster, grp, k * grad_bytes) for grp, k in pairs)
+        ag = sum(comm.all_gather_s(cluster, grp, k * WEIGHT_BYTES) for grp, k in pairs)
+        per_mb = 2 * ag + rs
         z3 = per_mb if sched.zero3_gathers_once_per_step else m * per_mb
-        out = [max(a, b) for a, b in zip(out, (ar, rs, rs, z3))]
-    return np.array(out)
+        coll = [max(x, y) for x, y in zip(coll, (ar, rs + ag, rs + ag, z3))]
+        rank0 = rank0 or (ar, rs, ag, per_mb)
+    a = 1 - (1 - i) / m
+    coef, const = [[a, a, a, i]], [coll]
+    holds_head = any(r == 0 and j == pp * int(row[G["vpp"]]) - 1
+                     for r, j, _, _ in _chunk_layout(space.schedules[int(row[G["sched"]])], space.num_layers, pp,
+                                                     int(row[G["vpp"]]), t.dense_layers))
+    if tp == 1 or (int(row[G["sp"]]) and not holds_head):
+        F, B, W = rank_times(space, t, g)
+        fwd, bwd = F[0], B[0] + W[0]
+        # a micro-batch's time on rank 0 with any recomputation: recomputing redoes at most the layers' forward
+        t_mb = 2 * fwd + bwd
+        ar, rs, ag, per_mb = rank0
+
+        def exposed(c: float, window: float) -> float:  # step._exposed
+            hidden = min(c, window)
+            return c - hidden + hidden * i
+
+        z12 = exposed(rs, bwd) + exposed(ag, fwd)
+        z3 = exposed(per_mb, m * t_mb) if sched.zero3_gathers_once_per_step else m * exposed(per_mb, t_mb)
+        coef.append([1.0, 1.0, 1.0, 1.0])
+        const.append([exposed(ar, bwd), z12, z12, z3])
+    else:  # no second floor: step >= P, which the caller takes anyway
+        coef.append([1.0, 1.0, 1.0, 1.0])
+        const.append([0.0, 0.0, 0.0, 0.0])
+    return np.array(coef), np.array(const)
 
 
-def row_time_bound(space: Space, t: GroupTables, rows: Rows, group_floor: np.ndarray | None = None,
-                   dp_floor: np.ndarray | None = None) -> np.ndarray:
-    """Lower bound on each row's step time: the cheap pipeline bound (or the group's refined one, if larger; or the
-    data-parallel floor of its ZeRO stage, if larger still) plus the optimizer step of the larger of ranks 0, p-1.
+def refine_group(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int,
+                 cheap_bound: float) -> tuple[float, float, tuple[np.ndarray, np.ndarray]]:
+    """(bound on every row of group g, its pipeline floor, its data-parallel floor (a, C)): the refined pipeline
+    time, raised per ZeRO stage by the data-parallel floor and the optimizer step, least over the stages the space
+    allows."""
+    pipe = max(cheap_bound, refined_group_bound(space, t, g))
+    dp = data_parallel_floor_s(model, cluster, space, t, g)
+    zeros = np.array(space.zero_stages, dtype=np.int64)
+    per_zero = with_data_parallel_floor(pipe, dp[0][:, zeros], dp[1][:, zeros]) + \
+        _optimizer_floats(space, t, g)[zeros]
+    return float(per_zero.min()), pipe, dp
 
-    ``group_floor`` (per row) and ``dp_floor`` (per row, 4 ZeRO stages) come from the refined group bounds."""
+
+def with_data_parallel_floor(pipe_s: np.ndarray | float, coef: np.ndarray, coll_s: np.ndarray) -> np.ndarray:
+    """The larger of a pipeline floor and the data-parallel floors a[k] x pipeline + C[k] (k along axis 0)."""
+    return np.maximum(pipe_s, (coef * pipe_s + coll_s).max(axis=0))
+
+
+def row_time_bound(space: Space, t: GroupTables, rows: Rows, pipe_floor: np.ndarray | None = None,
+                   dp_floor: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Lower bound on each row's step time: the cheap pipeline bound (or ``pipe_floor``, the group's refined one, if
+    larger), raised by the data-parallel floor of the row's ZeRO stage, plus the optimizer step of the larger of
+    ranks 0 and p-1. ``pipe_floor`` is per row; ``dp_floor`` the (a, C) arrays of ``data_parallel_floor_s`` per row
+    (shape rows x k x 4)."""
     g = rows.group
     pipe = (_work_s(t, g) + _recompute_s(space, t, g, rows.rec)) / space.col("pp")[g] * t.factor[g]
-    if group_floor is not None:
-        pipe = np.maximum(pipe, group_floor)
+    if pipe_floor is not None:
+        pipe = np.maximum(pipe, pipe_floor)
     if dp_floor is not None:
-        pipe = np.maximum(pipe, dp_floor[np.arange(len(g)), rows.zero])
+        idx = np.arange(len(g))
+        pipe = with_data_parallel_floor(pipe, dp_floor[0][idx, :, rows.zero].T, dp_floor[1][idx, :, rows.zero].T)
     return pipe + _optimizer_s(space, t, rows)
 
 
@@ -271,6 +394,20 @@ def _local_params(t: GroupTables, g: np.ndarray, n_layers: np.ndarray,
     dense = n_layers * t.dense_params_per_layer[g] + extra_dense
     expert = np.maximum(0, n_layers - t.dense_layers) * t.expert_params_per_layer[g]
     return dense, expert
+
+
+def _optimizer_floats(space: Space, t: GroupTables, g: int) -> np.ndarray:
+    """``_optimizer_s`` of group g for ZeRO stages 0..3, on plain floats (it runs once per group reached)."""
+    single = int(space.groups[g, G["pp"]]) == 1
+    emb, head = float(t.embedding_params[g]), float(t.head_params[g])
+    dense_pl, expert_pl = float(t.dense_params_per_layer[g]), float(t.expert_params_per_layer[g])
+    full = sharded = 0.0
+    for n, extra in ((int(t.layers_first[g]), emb + (head if single else 0.0)),
+                     (int(t.layers_last[g]), emb if single else head)):
+        dense, expert = n * dense_pl + extra, max(0, n - t.dense_layers) * expert_pl
+        full = max(full, dense + expert)
+        sharded = max(sharded, dense / float(t.dp_shard[g]) + expert / float(t.expert_dp_shard[g]))
+    return np.array([full, sharded, sharded, sharded]) * t.optimizer_s_per_param
 
 
 def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:

@@ -35,8 +35,8 @@ import numpy as np
 from planner.cost.step import Estimate, estimate
 from planner.cost.validity import config_problems
 from planner.errors import InfeasibleError, PlannerError
-from planner.search.bounds import (data_parallel_floor_s, group_memory_bound, group_tables, group_time_bound,
-                                   refined_group_bound, row_memory_bound, row_time_bound)
+from planner.search.bounds import (group_memory_bound, group_tables, group_time_bound, refine_group,
+                                   row_memory_bound, row_time_bound)
 from planner.search.partition import partition
 from planner.search.space import GROUP_COLS, SearchSpace, Space, build_space
 from planner.specs.config import RunConfig
@@ -44,9 +44,9 @@ from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
 
 OBJECTIVES = ("time", "memory")
-#: groups expanded at a time; small enough that few rows are built past the stopping point, large enough that
-#: numpy's per-call overhead stays amortized
-EXPANSION_BATCH = 64
+#: groups refined or expanded at a time; small enough that little work is done past the stopping point, large
+#: enough that numpy's per-call overhead stays amortized
+EXPANSION_BATCH = 16
 #: relative slack when checking that a bound does not exceed the exact value (floating-point summation order)
 BOUND_RTOL = 1e-9
 
@@ -137,13 +137,14 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
     if cluster.max_gpus and num_gpus > cluster.max_gpus:
         raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
                            fix=f"use --gpus <= {cluster.max_gpus}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     limit = memory_limit_bytes(cluster, max_memory_gib)
     sp = build_space(model, cluster, num_gpus, global_batch, seq_len, space)
     kept, stats = _branch_and_bound(model, cluster, sp, objective, top + 1, limit)
     if refine_partition:
         _refine_partitions(model, cluster, kept, limit, stats)
     stats["time_s"] = time.perf_counter() - t0
+    stats["cpu_s"] = time.process_time() - c0  # this process's CPU time: what the wall time is on an idle machine
     stats["candidates_per_s"] = stats["candidates"] / stats["time_s"] if stats["time_s"] > 0 else 0.0
     stats["objective"] = objective
     stats["memory_limit_gib"] = limit / GIB
@@ -177,7 +178,9 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
     order = alive[np.argsort(g_bound[alive], kind="stable")]
     # one heap of groups (bound refined) and rows (bound of the row); unvisited groups wait in `order`
     heap: list[tuple[float, int, int, Any]] = []
-    dp_floor: dict[int, np.ndarray] = {}  # data-parallel floors of the groups reached (time objective)
+    # refined pipeline floors and data-parallel floors of the groups reached (time objective)
+    pipe_floor: dict[int, float] = {}
+    dp_floor: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     gi, seq = 0, 0
     while True:
         next_group = g_bound[order[gi]] if gi < len(order) else math.inf
@@ -189,9 +192,7 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             gi += len(batch)
             for g in batch.tolist():
                 if by_time:
-                    refined = refined_group_bound(sp, tables, g)
-                    dp_floor[g] = data_parallel_floor_s(model, cluster, sp, tables, g, pipe_floor_s=refined)
-                    bound = max(g_bound[g], refined, float(dp_floor[g].min()))
+                    bound, pipe_floor[g], dp_floor[g] = refine_group(model, cluster, sp, tables, g, g_bound[g])
                 else:
                     bound = g_bound[g]
                 heapq.heappush(heap, (bound, seq, _GROUP, g))
@@ -199,17 +200,17 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             continue
         bound, _, kind, payload = heapq.heappop(heap)
         if kind == _GROUP:
-            ids, floors = [payload], [bound]
+            ids = [payload]
             while heap and heap[0][2] == _GROUP and len(ids) < EXPANSION_BATCH:
-                b2, _, _, g2 = heapq.heappop(heap)
-                ids.append(g2)
-                floors.append(b2)
+                ids.append(heapq.heappop(heap)[3])
             stats["groups_expanded"] += len(ids)
             rows = sp.expand(np.array(ids, dtype=np.int64))
             floor = dpf = None
             if by_time:
-                floor = np.repeat(np.array(floors), per_group[ids])
-                dpf = np.repeat(np.array([dp_floor[g] for g in ids]), per_group[ids], axis=0)
+                reps = per_group[ids]
+                floor = np.repeat(np.array([pipe_floor[g] for g in ids]), reps)
+                dpf = (np.repeat(np.array([dp_floor[g][0] for g in ids]), reps, axis=0),
+                       np.repeat(np.array([dp_floor[g][1] for g in ids]), reps, axis=0))
             mem = row_memory_bound(sp, tables, rows)
             tb = row_time_bound(sp, tables, rows, floor, dpf)
             ok = mem <= limit

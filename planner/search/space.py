@@ -18,6 +18,7 @@ configuration of the space is left out; rows are checked again with ``config_pro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -48,10 +49,11 @@ class SearchSpace:
     micro_batch_sizes: tuple[int, ...] | None = None  # None = every divisor
 
 
-def divisors(n: int) -> list[int]:
+@lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
     """Sorted divisors of n."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 def _tp_ok(model: ModelSpec, tp: int) -> bool:
@@ -107,21 +109,18 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     mbs = divisors(global_batch // dp)
                     if space.micro_batch_sizes is not None:
                         mbs = [b for b in mbs if b in space.micro_batch_sizes]
+                    # virtual stages per schedule: chunks must split the layers evenly (validity)
+                    vpps = [([v for v in divisors(L // pp) if v >= 2 and L % (pp * v) == 0] if pp > 1 else [])
+                            if sched.supports_vpp else [1] for sched in scheds]
+                    tails = [(ep, sp) for ep in eps for sp in sps
+                             if not (ep > 1 and tp > 1 and not sp)]  # Megatron-Core MoE: EP with TP needs SP
                     for mb in mbs:
                         m = global_batch // (dp * mb)
                         for s_idx, sched in enumerate(scheds):
-                            if sched.supports_vpp:
-                                vpps = [v for v in divisors(L // pp) if v >= 2 and L % (pp * v) == 0] if pp > 1 else []
-                            else:
-                                vpps = [1]
-                            for v in vpps:
+                            for v in vpps[s_idx]:
                                 if sched.check(pp, m, v):
                                     continue
-                                for ep in eps:
-                                    for sp in sps:
-                                        if ep > 1 and tp > 1 and not sp:
-                                            continue  # Megatron-Core MoE: EP with TP needs SP (validity)
-                                        rows.append((tp, cp, k_idx, pp, ep, mb, s_idx, v, sp))
+                                rows.extend((tp, cp, k_idx, pp, ep, mb, s_idx, v, sp) for ep, sp in tails)
     return rows
 
 
@@ -184,10 +183,14 @@ class Space:
         return -(-self.num_layers // (self.col("pp") * self.col("vpp")))
 
     def rows_per_group(self) -> np.ndarray:
-        n_partial = self.max_chunk() - 1
-        if not (self.partial_recompute and REC_FULL_ALL in self.rec_codes):
-            n_partial = np.zeros_like(n_partial)
-        return (len(self.rec_codes) + n_partial) * len(self.zero_stages)
+        cached = self.__dict__.get("_rows_per_group")
+        if cached is None:
+            n_partial = self.max_chunk() - 1
+            if not (self.partial_recompute and REC_FULL_ALL in self.rec_codes):
+                n_partial = np.zeros_like(n_partial)
+            cached = (len(self.rec_codes) + n_partial) * len(self.zero_stages)
+            object.__setattr__(self, "_rows_per_group", cached)
+        return cached
 
     def size(self) -> int:
         """Number of configurations (rows) in the whole space."""
