@@ -193,3 +193,13 @@ def test_partition_never_returns_something_worse(pp, tp, mbs, seq, recompute, sc
         assert after.fits
         assert not before.fits or after.step_time_s < before.step_time_s
         assert sum(out.layers_per_stage) == model.num_layers
+
+
+def test_tighter_memory_budget_is_honoured(big):
+    model, cluster = big
+    cfg = cfg_405b(micro_batch_size=1)  # fits the GPU as is (73.7 GiB of 76.6)
+    budget = 60 * 2**30
+    out = partition(model, cluster, cfg, memory_limit_bytes=budget)
+    assert out != cfg
+    assert estimate(model, cluster, out).peak_memory_bytes <= budget
+    assert partition(model, cluster, cfg, memory_limit_bytes=1e9) is cfg  # nothing fits 1 GB: input unchanged

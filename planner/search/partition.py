@@ -239,9 +239,9 @@ def _spread(cfg: RunConfig, per_rank_n: list[int], per_rank_k: list[int]) -> tup
     return tuple(layers), tuple(recomp)
 
 
-def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool) -> RunConfig | None:
+def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool,
+               limit: float) -> RunConfig | None:
     m, L = cfg.num_microbatches, model.num_layers
-    limit = cluster.gpu.hbm_bytes - cluster.gpu.memory_reserve_bytes
     rates = _rates(model, cluster, cfg, per_stage_recompute)
     min_per_rank = MIN_LAYERS_PER_STAGE * cfg.vpp
     F, B, W, K = _rank_costs(model, cfg, rates, limit, per_stage_recompute)
@@ -276,12 +276,12 @@ def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_rec
     return cfg.with_(layers_per_stage=layers)
 
 
-def _repair(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> RunConfig | None:
+def _repair(model: ModelSpec, cluster: Cluster, cfg: RunConfig, limit: float) -> RunConfig | None:
     """The linear model is exact for dense layers; where it is not (MoE layer types, max() terms), add one
     recomputed layer to each stage of a rank still over memory, a few rounds at most."""
     for _ in range(REPAIR_ROUNDS):
         est = estimate(model, cluster, cfg)
-        if est.fits:
+        if est.peak_memory_bytes <= limit:
             return cfg
         if cfg.recompute_layers_per_stage is None:
             return None
@@ -289,7 +289,7 @@ def _repair(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> RunConfig | N
         rec = list(cfg.recompute_layers_per_stage)
         changed = False
         for st in est.stages:
-            if st.peak_memory_bytes > est.memory_limit_bytes:
+            if st.peak_memory_bytes > limit:
                 for c in range(cfg.vpp):
                     j = sched.stage_index(cfg.pp, cfg.vpp, st.rank, c)
                     if rec[j] < cfg.layers_per_stage[j]:
@@ -298,13 +298,17 @@ def _repair(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> RunConfig | N
         if not changed:
             return None
         cfg = cfg.with_(recompute_layers_per_stage=tuple(rec))
-    return cfg if estimate(model, cluster, cfg).fits else None
+    return cfg if estimate(model, cluster, cfg).peak_memory_bytes <= limit else None
 
 
-def partition(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> RunConfig:
+def partition(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *,
+              memory_limit_bytes: float | None = None) -> RunConfig:
     """The layer partition and per-stage recomputation that minimise the estimated step time within memory, or
     ``cfg`` unchanged when it is invalid, nothing fits, or nothing beats it. (Virtual stages whose layers do not
-    divide evenly, invalid without an explicit split, start from :func:`even_layer_split`.)"""
+    divide evenly, invalid without an explicit split, start from :func:`even_layer_split`.) ``memory_limit_bytes``:
+    a tighter per-GPU budget than the GPU's own ``hbm_bytes - memory_reserve_bytes`` (``--max-memory-gib``)."""
+    gpu_limit = cluster.gpu.hbm_bytes - cluster.gpu.memory_reserve_bytes
+    limit = gpu_limit if memory_limit_bytes is None else min(gpu_limit, memory_limit_bytes)
     if cfg.pp < 2:
         return cfg
     start = cfg
@@ -314,16 +318,16 @@ def partition(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> RunConfig:
     if config_problems(model, cluster, start):
         return cfg
     base = estimate(model, cluster, start)
-    best, best_time = (start, base.step_time_s) if base.fits else (cfg, math.inf)
+    best, best_time = (start, base.step_time_s) if base.peak_memory_bytes <= limit else (cfg, math.inf)
     cfg = start
     # per-stage recomputation is expressed in "full" mode (unrecomputed layers keep everything), which is the
     # same memory as "none" and, with a fused attention kernel, as "selective"; keep the input's own mode too
     modes = [True] if cfg.recompute_layers_per_stage is not None else [False, True]
     for per_stage in modes:
-        cand = _candidate(model, cluster, cfg, per_stage)
+        cand = _candidate(model, cluster, cfg, per_stage, limit)
         if cand is None or config_problems(model, cluster, cand):
             continue
-        cand = _repair(model, cluster, cand)
+        cand = _repair(model, cluster, cand, limit)
         if cand is None:
             continue
         t = estimate(model, cluster, cand).step_time_s
