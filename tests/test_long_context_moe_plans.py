@@ -92,3 +92,35 @@ def test_planner_plan_cli(case):
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     assert d["estimate"]["fits"]
+
+
+@pytest.mark.parametrize("gpus, batch, seq", [(64, 64, 32768), (128, 32, 131072), (256, 16, 262144),
+                                              (256, 8, 1 << 20)])
+def test_long_sequences_plan_with_context_parallelism(gpus, batch, seq):
+    """32K to 1M tokens per sequence plan on H100s; from 128K on, one GPU's share of a sequence only fits when CP
+    splits it (a 1M-token layer's activations alone are ~100 GiB)."""
+    if not hasattr(planner.search, "search_plans"):
+        pytest.skip("planner.search.search_plans does not exist yet")
+    from planner.cost.validity import config_problems
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import load_model
+    model, hw = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    plan = planner.search.search_plans(model, hw, gpus, batch, seq)
+    cfg = plan.config
+    assert plan.estimate.fits and config_problems(model, hw, cfg) == []
+    assert cfg.seq_len == seq and cfg.tp * cfg.cp * cfg.pp * cfg.dp == gpus
+    if seq >= 131072:
+        assert cfg.cp > 1
+
+
+def test_mixtral_plans_with_valid_expert_parallelism():
+    if not hasattr(planner.search, "search_plans"):
+        pytest.skip("planner.search.search_plans does not exist yet")
+    from planner.cost.validity import config_problems
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import load_model
+    model, hw = load_model("mixtral-8x7b"), load_cluster("h100-80gb-sxm")
+    plan = planner.search.search_plans(model, hw, 64, 256, 4096)
+    cfg = plan.config
+    assert plan.estimate.fits and config_problems(model, hw, cfg) == []
+    assert (cfg.dp * cfg.cp) % cfg.ep == 0 and model.num_experts % cfg.ep == 0
