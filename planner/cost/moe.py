@@ -87,7 +87,7 @@ def node_limited_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: RunConfig
     nodes of the EP group; over NVLink the receiving GPU forwards the k copies to their experts' GPUs, (g - 1)/g of
     them leaving it (g EP members per node). The slower side bounds the time, plus one latency per peer."""
     g = ep_group.members_per_node
-    nodes = ep_group.size // g
+    nodes = -(-ep_group.size // g)  # a last, partly filled node counts
     limit = model.expert_groups_per_token if model.expert_groups % nodes == 0 else 0
     per_token = model.hidden_size * ACT_BYTES
     T = cfg.micro_batch_size * cfg.seq_len / cfg.cp / (cfg.tp if cfg.sequence_parallel else 1)
