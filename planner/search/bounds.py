@@ -52,6 +52,10 @@ from planner.specs.model import ModelSpec
 GRAD_REDUCE_BYTES = RunConfig(num_gpus=1).grad_reduce_bytes
 
 
+#: pipeline ranks whose memory the bounds check (see GroupTables.rank_layers)
+RANK_PICKS = 4
+
+
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of the given columns and, per input row, the index of its distinct row (like
     ``np.unique(axis=0)``, but through one integer key per row, which is much faster)."""
@@ -80,17 +84,23 @@ class GroupTables:
     full_s: np.ndarray  # extra time of full recomputation of every layer (its forward again, with comm)
     layer_full_min_s: np.ndarray  # that extra time for the cheapest single layer (dense or MoE)
     factor: np.ndarray  # schedule time with p equal ranks of unit time, smallest over the F / B / W corner splits
-    inflight_first: np.ndarray
-    inflight_last: np.ndarray
-    layers_first: np.ndarray  # layers on rank 0 under the even split (all its chunks)
-    layers_last: np.ndarray  # layers on rank p-1
+    #: four pipeline ranks whose memory the bound checks (columns): rank 0, rank p-1, the rank with the most
+    #: layers x in-flight micro-batches and the rank with the most layers; for each, under the even split:
+    rank_layers: np.ndarray  # layers on the rank (all its chunks)
+    rank_moe: np.ndarray  # of which MoE layers
+    rank_emb: np.ndarray  # 1 where the rank holds the first chunk (embedding)
+    rank_head: np.ndarray  # 1 where the rank holds the last chunk (LM head)
+    rank_inflight: np.ndarray  # micro-batches of activations it holds at its peak
     act_none_bytes: np.ndarray  # per layer, one micro-batch, cheapest of dense / MoE
     act_selective_bytes: np.ndarray
     act_full_bytes: np.ndarray
+    act_kept_bytes: np.ndarray  # (groups, 4): per dense / MoE layer without recomputation, then with selective
     act_embedding_bytes: np.ndarray
     cp_buffer_bytes: np.ndarray  # CP communication buffers (a floor of the workspace)
-    dense_params_per_layer: np.ndarray  # on one GPU, after TP (the part ZeRO shards over DP x CP)
-    expert_params_per_layer: np.ndarray  # on one GPU, after TP and EP
+    dense_params_per_layer: np.ndarray  # per dense layer on one GPU, after TP (ZeRO shards it over DP x CP)
+    expert_params_per_layer: np.ndarray  # experts of an MoE layer on one GPU, after TP and EP
+    moe_params_per_layer: np.ndarray  # the rest of an MoE layer on one GPU (attention, router, shared experts)
+    largest_layer_params: np.ndarray  # (groups, 2): a dense and an MoE layer on one GPU (ZeRO-3 gathers them)
     embedding_params: np.ndarray  # on one GPU (rank 0)
     head_params: np.ndarray  # on one GPU (rank p-1)
     dp_shard: np.ndarray
@@ -110,7 +120,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     # ---- per-layer costs per distinct (tp, cp, cp_kind, mb, sp, ep) --------------------------------------------
     uniq, inv = _unique_rows(tp, cp, kind, mb, sp, ep)
     names = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none", "act_sel", "act_full", "act_emb",
-             "cp_buf", "fd", "bd", "wd", "fm", "bm", "wm", "emb_f", "emb_w", "head_f", "head_b", "head_w")
+             "cp_buf", "fd", "bd", "wd", "fm", "bm", "wm", "emb_f", "emb_w", "head_f", "head_b", "head_w",
+             "act_none_d", "act_none_m", "act_sel_d", "act_sel_m")
     tab = {k: np.zeros(len(uniq)) for k in names}
     for u, (t, c, k, b, s, e) in enumerate(uniq.tolist()):
         cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
@@ -137,6 +148,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
             act["act_none"] = min(act["act_none"], lc.act_none_bytes)
             act["act_sel"] = min(act["act_sel"], lc.act_bytes)
             act["act_full"] = min(act["act_full"], lc.act_full_bytes)
+            tab["act_none_" + kind_][u], tab["act_sel_" + kind_][u] = lc.act_none_bytes, lc.act_bytes
             tab["cp_buf"][u] = max(tab["cp_buf"][u], lc.cp_buffer_bytes)
         tab["full_min"][u] = full_min
         for key, val in act.items():
@@ -145,6 +157,9 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         head = pass_times(head_ops(model, cfg), gpu)
         if not n_moe:
             tab["fm"][u], tab["bm"][u], tab["wm"][u] = tab["fd"][u], tab["bd"][u], tab["wd"][u]
+            tab["act_none_m"][u], tab["act_sel_m"][u] = tab["act_none_d"][u], tab["act_sel_d"][u]
+        if not n_dense:
+            tab["act_none_d"][u], tab["act_sel_d"][u] = tab["act_none_m"][u], tab["act_sel_m"][u]
         tab["emb_f"][u], tab["emb_w"][u] = emb.fwd_s, emb.bwd_s
         tab["head_f"][u], tab["head_b"][u], tab["head_w"][u] = head.fwd_s, head.bwd_input_s, head.bwd_weight_s
         tab["fwd"][u] += emb.fwd_s + head.fwd_s
@@ -170,26 +185,31 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     # ---- schedule: equal-rank time factor, in-flight micro-batches and layers of ranks 0 and p-1 ---------------
     L = model.num_layers
     uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
-    factor, infl0, infl1 = (np.empty(len(uniq)) for _ in range(3))
-    first, last = np.empty(len(uniq), dtype=np.int64), np.empty(len(uniq), dtype=np.int64)
+    factor = np.empty(len(uniq))
+    picks = {k: np.zeros((len(uniq), RANK_PICKS)) for k in ("n", "nm", "emb", "head", "infl")}
     for u, (si, p, m, v) in enumerate(uniq.tolist()):
         sched = SCHEDULES[space.schedules[si]]
         ones, zeros = [1.0] * p, [0.0] * p
         factor[u] = min(sched.time(ones, zeros, zeros, m, v).total_s, sched.time(zeros, ones, zeros, m, v).total_s,
                         sched.time(zeros, zeros, ones, m, v).total_s)
-        infl0[u], infl1[u] = sched.inflight(p, m, v, 0), sched.inflight(p, m, v, p - 1)
-        counts = even_layer_split(L, p * v)
-        first[u] = sum(counts[sched.stage_index(p, v, 0, c)] for c in range(v))
-        last[u] = sum(counts[sched.stage_index(p, v, p - 1, c)] for c in range(v))
+        nd, nm, _, emb, head = _rank_layout(space.schedules[si], L, p, v, n_dense)
+        infl = [sched.inflight(p, m, v, r) for r in range(p)]
+        n = [a + b for a, b in zip(nd, nm)]
+        ranks = (0, p - 1, max(range(p), key=lambda r: (n[r] * infl[r], -r)), max(range(p), key=lambda r: (n[r], -r)))
+        for col, r in enumerate(ranks):
+            picks["n"][u, col], picks["nm"][u, col], picks["infl"][u, col] = n[r], nm[r], infl[r]
+            picks["emb"][u, col], picks["head"][u, col] = emb[r], head[r]
     # ---- parameters on one GPU ------------------------------------------------------------------------------------
+    # (as step.estimate: a layer's non-expert parameters split by TP except its norms; experts by EP x TP)
     norms = 2 * norm_params(model)
     dense_pl = (layer_params(model) - norms) / tp + norms
-    expert_pl = np.zeros(len(tp))
+    moe_dense, expert_pl = dense_pl, np.zeros(len(tp))
+    largest_d = largest_m = layer_params(model) / tp
     if model.is_moe:
         ep_part = expert_params_per_layer(model)
         moe_dense = (layer_params(model, moe=True) - ep_part - norms) / tp + norms
-        dense_pl = np.minimum(dense_pl, moe_dense) if n_dense else moe_dense
         expert_pl = ep_part / (ep * tp)
+        largest_m = (layer_params(model, moe=True) - ep_part) / tp + expert_pl
     stages = pp * vpp
     tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
     head_p = (head_params(model) + np.where(stages > 1, tied_copy, 0)) / tp
@@ -197,9 +217,12 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     return GroupTables(
         fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],
         full_s=t_["full"], layer_full_min_s=t_["full_min"],
-        factor=factor[inv], inflight_first=infl0[inv], inflight_last=infl1[inv],
-        layers_first=first[inv], layers_last=last[inv],
+        factor=factor[inv], rank_layers=picks["n"][inv], rank_moe=picks["nm"][inv], rank_emb=picks["emb"][inv],
+        rank_head=picks["head"][inv], rank_inflight=picks["infl"][inv],
         act_none_bytes=t_["act_none"], act_selective_bytes=t_["act_sel"], act_full_bytes=t_["act_full"],
+        act_kept_bytes=np.stack([t_[k] for k in ("act_none_d", "act_none_m", "act_sel_d", "act_sel_m")], axis=1),
+        moe_params_per_layer=moe_dense, largest_layer_params=np.stack(np.broadcast_arrays(largest_d, largest_m),
+                                                                      axis=1),
         act_embedding_bytes=t_["act_emb"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=embedding_params(model, space.seq_len) / tp, head_params=head_p,
@@ -232,19 +255,22 @@ def _recompute_s(space: Space, t: GroupTables, g: np.ndarray, rec: np.ndarray) -
 
 
 @lru_cache(maxsize=4096)
-def _chunk_layout(schedule: str, num_layers: int, p: int, v: int, dense_until: int) -> tuple[tuple[int, ...], ...]:
-    """(rank, model chunk, dense layers, MoE layers) of every chunk under the even split and the schedule's
-    placement of chunks on ranks."""
+def _rank_layout(schedule: str, num_layers: int, p: int, v: int, dense_until: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, under the even split and the schedule's placement of model chunks on ranks: dense layers, MoE
+    layers, chunks, whether it holds the first chunk (embedding) and whether it holds the last (LM head)."""
     sched = SCHEDULES[schedule]
     counts = even_layer_split(num_layers, p * v)
     starts = [sum(counts[:j]) for j in range(len(counts))]
-    out = []
+    nd, nm, emb, head = [0] * p, [0] * p, [0] * p, [0] * p
     for r in range(p):
         for c in range(v):
             j = sched.stage_index(p, v, r, c)
-            nd = max(0, min(starts[j] + counts[j], dense_until) - starts[j])
-            out.append((r, j, nd, counts[j] - nd))
-    return tuple(out)
+            dense = max(0, min(starts[j] + counts[j], dense_until) - starts[j])
+            nd[r] += dense
+            nm[r] += counts[j] - dense
+            emb[r] |= j == 0
+            head[r] |= j == p * v - 1
+    return tuple(nd), tuple(nm), (v,) * p, tuple(emb), tuple(head)
 
 
 def rank_times(space: Space, t: GroupTables, g: int) -> tuple[list[float], list[float], list[float]]:
@@ -259,31 +285,24 @@ def rank_times(space: Space, t: GroupTables, g: int) -> tuple[list[float], list[
     fd, bd, wd, fm, bm, wm = t.layer_s[g].tolist()
     emb_f, emb_w, head_f, head_b, head_w = t.ends_s[g].tolist()
     send = float(t.p2p_s[g]) if p > 1 else 0.0
-    F, B, W = [0.0] * p, [0.0] * p, [0.0] * p
-    for r, j, nd, nm in _chunk_layout(space.schedules[int(row[G["sched"]])], space.num_layers, p, v, t.dense_layers):
-        F[r] += nd * fd + nm * fm + send
-        B[r] += nd * bd + nm * bm + send
-        W[r] += nd * wd + nm * wm
-        if j == 0:
-            F[r] += emb_f
-            W[r] += emb_w
-        if j == p * v - 1:
-            F[r] += head_f
-            B[r] += head_b
-            W[r] += head_w
+    nd, nm, chunks, emb, head = _rank_layout(space.schedules[int(row[G["sched"]])], space.num_layers, p, v,
+                                             t.dense_layers)
+    F = [nd[r] * fd + nm[r] * fm + chunks[r] * send + emb[r] * emb_f + head[r] * head_f for r in range(p)]
+    B = [nd[r] * bd + nm[r] * bm + chunks[r] * send + head[r] * head_b for r in range(p)]
+    W = [nd[r] * wd + nm[r] * wm + emb[r] * emb_w + head[r] * head_w for r in range(p)]
     return F, B, W
 
 
-def refined_group_bound(space: Space, t: GroupTables, g: int) -> float:
+def refined_group_bound(space: Space, t: GroupTables, g: int, times=None) -> float:
     """The schedule's time over the group's per-rank ``rank_times`` (no recomputation: a floor for every row)."""
     row = space.groups[g]
     sched = SCHEDULES[space.schedules[int(row[G["sched"]])]]
-    F, B, W = rank_times(space, t, g)
+    F, B, W = times or rank_times(space, t, g)
     return sched.time(F, B, W, int(space.num_microbatches[g]), int(row[G["vpp"]])).total_s
 
 
 def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables,
-                          g: int) -> tuple[np.ndarray, np.ndarray]:
+                          g: int, times=None) -> tuple[np.ndarray, np.ndarray]:
     """Per ZeRO stage 0..3, (a, C) such that step >= a x pipeline + C, from the data-parallel collectives of ranks
     0 and p-1 (ring costs from ``planner.cost.comm``; their parameters from the per-rank floors above).
 
@@ -313,13 +332,8 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
     grad_bytes = GRAD_REDUCE_BYTES
     coll = [0.0] * 4
     rank0: tuple[float, ...] = ()
-    single = pp == 1
-    emb, head = float(t.embedding_params[g]), float(t.head_params[g])
-    dense_pl, expert_pl = float(t.dense_params_per_layer[g]), float(t.expert_params_per_layer[g])
-    for n, extra in ((int(t.layers_first[g]), emb + (head if single else 0.0)),
-                     (int(t.layers_last[g]), emb if single else head)):
-        dense = n * dense_pl + extra  # as _local_params, on plain floats (this runs once per group reached)
-        expert = max(0, n - t.dense_layers) * expert_pl
+    for n, nm, extra, _, _ in _end_ranks(space, t, np.array([g])):
+        dense, expert = (float(x) for x in _local_params(t, g, float(n[0]), float(nm[0]), float(extra[0])))
         pairs = ((dp_group, dense), (edp_group, expert))
         ar = sum(comm.all_reduce_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
         rs = sum(comm.reduce_scatter_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
@@ -330,11 +344,10 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
         rank0 = rank0 or (ar, rs, ag, per_mb)
     a = 1 - (1 - i) / m
     coef, const = [[a, a, a, i]], [coll]
-    holds_head = any(r == 0 and j == pp * int(row[G["vpp"]]) - 1
-                     for r, j, _, _ in _chunk_layout(space.schedules[int(row[G["sched"]])], space.num_layers, pp,
-                                                     int(row[G["vpp"]]), t.dense_layers))
+    holds_head = _rank_layout(space.schedules[int(row[G["sched"]])], space.num_layers, pp, int(row[G["vpp"]]),
+                              t.dense_layers)[4][0]
     if tp == 1 or (int(row[G["sp"]]) and not holds_head):
-        F, B, W = rank_times(space, t, g)
+        F, B, W = times or rank_times(space, t, g)
         fwd, bwd = F[0], B[0] + W[0]
         # a micro-batch's time on rank 0 with any recomputation: recomputing redoes at most the layers' forward
         t_mb = 2 * fwd + bwd
@@ -359,8 +372,9 @@ def refine_group(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     """(bound on every row of group g, its pipeline floor, its data-parallel floor (a, C)): the refined pipeline
     time, raised per ZeRO stage by the data-parallel floor and the optimizer step, least over the stages the space
     allows."""
-    pipe = max(cheap_bound, refined_group_bound(space, t, g))
-    dp = data_parallel_floor_s(model, cluster, space, t, g)
+    times = rank_times(space, t, g)
+    pipe = max(cheap_bound, refined_group_bound(space, t, g, times))
+    dp = data_parallel_floor_s(model, cluster, space, t, g, times)
     zeros = np.array(space.zero_stages, dtype=np.int64)
     per_zero = with_data_parallel_floor(pipe, dp[0][:, zeros], dp[1][:, zeros]) + \
         _optimizer_floats(space, t, g)[zeros]
@@ -388,83 +402,94 @@ def row_time_bound(space: Space, t: GroupTables, rows: Rows, pipe_floor: np.ndar
     return pipe + _optimizer_s(space, t, rows)
 
 
-def _local_params(t: GroupTables, g: np.ndarray, n_layers: np.ndarray,
-                  extra_dense: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Dense and expert parameters on one GPU holding n_layers (+ embedding / head parameters)."""
-    dense = n_layers * t.dense_params_per_layer[g] + extra_dense
-    expert = np.maximum(0, n_layers - t.dense_layers) * t.expert_params_per_layer[g]
-    return dense, expert
+def _local_params(t: GroupTables, g, n_layers, n_moe, extra_dense):
+    """Dense (ZeRO-sharded over DP x CP) and expert (over the expert-DP group) parameters on one GPU holding
+    n_layers of which n_moe MoE layers, plus embedding / head parameters (arrays or plain floats)."""
+    dense = (n_layers - n_moe) * t.dense_params_per_layer[g] + n_moe * t.moe_params_per_layer[g] + extra_dense
+    return dense, n_moe * t.expert_params_per_layer[g]
+
+
+def _end_ranks(space: Space, t: GroupTables, g):
+    """(layers, MoE layers, extra dense parameters, holds the embedding, in-flight micro-batches) of the ranks the
+    bounds check (``GroupTables.rank_*``), rank 0 first."""
+    for col in range(RANK_PICKS):
+        emb, head = t.rank_emb[g, col], t.rank_head[g, col]
+        yield (t.rank_layers[g, col], t.rank_moe[g, col], emb * t.embedding_params[g] + head * t.head_params[g],
+               emb > 0, t.rank_inflight[g, col])
 
 
 def _optimizer_floats(space: Space, t: GroupTables, g: int) -> np.ndarray:
-    """``_optimizer_s`` of group g for ZeRO stages 0..3, on plain floats (it runs once per group reached)."""
-    single = int(space.groups[g, G["pp"]]) == 1
-    emb, head = float(t.embedding_params[g]), float(t.head_params[g])
-    dense_pl, expert_pl = float(t.dense_params_per_layer[g]), float(t.expert_params_per_layer[g])
+    """``_optimizer_s`` of group g for ZeRO stages 0..3 (it runs once per group reached)."""
     full = sharded = 0.0
-    for n, extra in ((int(t.layers_first[g]), emb + (head if single else 0.0)),
-                     (int(t.layers_last[g]), emb if single else head)):
-        dense, expert = n * dense_pl + extra, max(0, n - t.dense_layers) * expert_pl
-        full = max(full, dense + expert)
-        sharded = max(sharded, dense / float(t.dp_shard[g]) + expert / float(t.expert_dp_shard[g]))
+    for n, nm, extra, _, _ in _end_ranks(space, t, np.array([g])):
+        dense, expert = _local_params(t, g, float(n[0]), float(nm[0]), float(extra[0]))
+        full = max(full, float(dense + expert))
+        sharded = max(sharded, float(dense / t.dp_shard[g] + expert / t.expert_dp_shard[g]))
     return np.array([full, sharded, sharded, sharded]) * t.optimizer_s_per_param
 
 
 def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     """The optimizer step reads and writes the states of the parameters a GPU updates (sharded from ZeRO-1 on)."""
     g, z = rows.group, rows.zero
-    single = space.col("pp")[g] == 1
     out = np.zeros(len(g))
-    for n, extra in ((t.layers_first[g], t.embedding_params[g] + np.where(single, t.head_params[g], 0.0)),
-                     (t.layers_last[g], np.where(single, t.embedding_params[g], t.head_params[g]))):
-        dense, expert = _local_params(t, g, n, extra)
+    for n, nm, extra, _, _ in _end_ranks(space, t, g):
+        dense, expert = _local_params(t, g, n, nm, extra)
         local = np.where(z >= 1, dense / t.dp_shard[g] + expert / t.expert_dp_shard[g], dense + expert)
         out = np.maximum(out, local * t.optimizer_s_per_param)
     return out
 
 
-def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.ndarray,
+def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.ndarray, n_moe: np.ndarray,
                   extra_dense: np.ndarray) -> np.ndarray:
-    """Weights, gradients and optimizer states of one GPU holding n_layers (ZeRO stage sharding, Rajbhandari 2020)."""
-    dense, expert = _local_params(t, g, n_layers, extra_dense)
+    """Weights, gradients and optimizer states of one GPU (ZeRO stage sharding, Rajbhandari et al. 2020), plus the
+    two gathered layers ZeRO-3 holds (the one in use and the one prefetched), as ``memory.model_state_bytes``."""
+    dense, expert = _local_params(t, g, n_layers, n_moe, extra_dense)
 
     def sharded(on: np.ndarray) -> np.ndarray:
         return np.where(on, dense / t.dp_shard[g], dense) + np.where(on, expert / t.expert_dp_shard[g], expert)
 
-    return WEIGHT_BYTES * sharded(zero >= 3) + GRAD_BYTES * sharded(zero >= 2) + OPTIMIZER_BYTES * sharded(zero >= 1)
+    largest = np.where(n_moe > 0, t.largest_layer_params[g, 1], 0.0)
+    largest = np.maximum(largest, np.where(n_layers > n_moe, t.largest_layer_params[g, 0], 0.0))
+    gathered = np.where((zero >= 3) & (t.dp_shard[g] > 1), 2 * largest * WEIGHT_BYTES, 0.0)
+    return WEIGHT_BYTES * sharded(zero >= 3) + GRAD_BYTES * sharded(zero >= 2) + \
+        OPTIMIZER_BYTES * sharded(zero >= 1) + gathered
 
 
-def _activation_bytes(t: GroupTables, g: np.ndarray, rec: np.ndarray, n_layers: np.ndarray,
+def _activation_bytes(t: GroupTables, g: np.ndarray, rec: np.ndarray, n_layers: np.ndarray, n_moe: np.ndarray,
                       vpp: np.ndarray) -> np.ndarray:
-    """Activations of one micro-batch through n_layers (vpp equal chunks) under a recomputation code."""
+    """Activations of one micro-batch through n_layers (n_moe of them MoE; vpp equal chunks) under a recomputation
+    code: fully recomputed layers keep their input only; the others keep what their kind keeps (which of them are
+    recomputed is not tracked, so the recomputed ones are charged the larger kind's share)."""
     full = np.select([rec == REC_FULL_ALL, rec >= REC_FULL_K], [n_layers, vpp * np.minimum(n_layers // vpp,
                                                                                            recompute_k(rec))], 0)
-    kept = np.where(rec == REC_SELECTIVE, t.act_selective_bytes[g], t.act_none_bytes[g])
-    return full * t.act_full_bytes[g] + (n_layers - full) * kept
+    sel = rec == REC_SELECTIVE
+    kept_d = np.where(sel, t.act_kept_bytes[g, 2], t.act_kept_bytes[g, 0])
+    kept_m = np.where(sel, t.act_kept_bytes[g, 3], t.act_kept_bytes[g, 1])
+    kept = (n_layers - n_moe) * kept_d + n_moe * kept_m - full * np.maximum(kept_d, kept_m)
+    kept = np.maximum(kept, (n_layers - full) * np.minimum(kept_d, kept_m))
+    return full * t.act_full_bytes[g] + kept
 
 
 def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     """Lower bound on the peak memory: the larger of ranks 0 and p-1; of the workspace only the CP buffers."""
     g, z, rec = rows.group, rows.zero, rows.rec
     vpp = space.col("vpp")[g]
-    single = space.col("pp")[g] == 1
-    n0, n1 = t.layers_first[g], t.layers_last[g]
-    emb_p, head_p = t.embedding_params[g], t.head_params[g]
-    first = _states_bytes(t, g, z, n0, emb_p + np.where(single, head_p, 0.0)) + \
-        (_activation_bytes(t, g, rec, n0, vpp) + t.act_embedding_bytes[g]) * t.inflight_first[g]
-    last = _states_bytes(t, g, z, n1, np.where(single, emb_p, head_p)) + \
-        (_activation_bytes(t, g, rec, n1, vpp) + np.where(single, t.act_embedding_bytes[g], 0.0)) * \
-        t.inflight_last[g]
-    return np.maximum(first, last) + t.cp_buffer_bytes[g]
+    out = np.zeros(len(g))
+    for n, nm, extra, has_emb, inflight in _end_ranks(space, t, g):
+        acts = _activation_bytes(t, g, rec, n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0)
+        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra) + acts * inflight)
+    return out + t.cp_buffer_bytes[g]
 
 
 def group_memory_bound(space: Space, t: GroupTables) -> np.ndarray:
-    """Lower bound on the peak memory of every row of each group: its largest ZeRO stage with full recompute."""
+    """Lower bound on the peak memory of every row of each group: the least row bound over the recomputation modes
+    (partial recomputation lies between none and full) and the ZeRO stages that can be smallest (the largest
+    stage up to 2, which shards more with each stage, and 3, which shards the weights but holds gathered layers)."""
     g = np.arange(len(space.groups))
-    zmax = np.full(len(g), max(space.zero_stages), dtype=np.int64)
-    recs = [c for c in space.rec_codes]
-    best = None
-    for code in recs:  # activations per layer: the smallest of the recompute modes the space allows
-        b = row_memory_bound(space, t, Rows(g, zmax, np.full(len(g), code, dtype=np.int64)))
-        best = b if best is None else np.minimum(best, b)
-    return best if best is not None else np.zeros(len(g))
+    zeros = {max([z for z in space.zero_stages if z <= 2], default=None), 3 if 3 in space.zero_stages else None}
+    best = np.full(len(g), np.inf)
+    for z in sorted(x for x in zeros if x is not None):
+        for code in space.rec_codes:
+            rows = Rows(g, np.full(len(g), z, dtype=np.int64), np.full(len(g), code, dtype=np.int64))
+            best = np.minimum(best, row_memory_bound(space, t, rows))
+    return np.where(np.isfinite(best), best, 0.0)
