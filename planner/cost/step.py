@@ -122,27 +122,32 @@ def _per_layer_cache(fn):
     """Memoize a layer's cost on the knobs it depends on, so the search's many configurations that differ only in
     ZeRO stage, pipeline shape, schedule, batch or recomputation depth share one evaluation.
 
-    Kept in the key: the model, the cluster, TP, CP and its kind, EP, micro-batch, sequence, SP, recompute mode,
-    flash attention, TP overlap, and the TP / CP / EP group placements (which depend only on those degrees).
-    Dropped (reset to fixed values): GPU count, PP, VPP, global batch, ZeRO stage, schedule, layer and recompute
-    splits, DP overlap options, the DP placement and the pipeline link -- none of which a single layer's kernels,
-    activations or TP / CP / EP communication read. ``tests/test_cp.py`` checks cached == uncached.
+    The key: the model, the cluster, TP, CP and its kind, EP, micro-batch, sequence, SP, recompute mode, flash
+    attention, TP overlap, and the TP / CP / EP group placements (which depend only on those degrees). Not in it:
+    GPU count, PP, VPP, global batch, ZeRO stage, schedule, layer and recompute splits, DP overlap options, the DP
+    placement and the pipeline link -- none of which a single layer's kernels, activations or TP / CP / EP
+    communication read. ``tests/test_cp.py`` checks cached == uncached.
     """
-    @lru_cache(maxsize=8192)
-    def cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> _LayerCost:
-        return fn(model, cluster, cfg, groups, moe)
+    cache: dict[tuple, _LayerCost] = {}
 
     def wrapper(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> _LayerCost:
-        key = cfg.with_(num_gpus=cfg.tp * cfg.cp, pp=1, vpp=1, global_batch_size=cfg.micro_batch_size, zero_stage=0,
-                        schedule="1f1b", layers_per_stage=None, recompute_num_layers=None,
-                        recompute_layers_per_stage=None, overlap_grad_reduce=True, overlap_param_gather=True,
-                        grad_reduce_bytes=2)
-        g = comm.Groups(tp=groups.tp, cp=groups.cp, dp=comm.GroupPlacement(1, 1, False), ep=groups.ep,
-                        pp_link=cluster.intra_node)
-        return cached(model, cluster, key, g, moe)
+        key = (model, cluster, cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
+               cfg.sequence_parallel, cfg.recompute, cfg.flash_attention, cfg.tp_comm_overlap, groups.tp, groups.cp,
+               groups.ep, moe)
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) >= LAYER_CACHE_SIZE:
+                cache.clear()
+            hit = cache[key] = fn(model, cluster, cfg, groups, moe)
+        return hit
 
     wrapper.__wrapped__ = fn
+    wrapper.cache_clear = cache.clear
     return wrapper
+
+
+#: layer costs kept by :func:`_per_layer_cache` before it starts over (a few MB)
+LAYER_CACHE_SIZE = 65536
 
 
 @_per_layer_cache
