@@ -265,3 +265,17 @@ def test_group_limited_routing_fields_are_checked():
         model_from_config(dict(d, topk_group=9))
     with pytest.raises(PlannerError):
         model_from_config(dict(d, n_group=7))
+
+
+def test_qwen2_moe_shared_expert_width_is_read():
+    """Qwen1.5-MoE-A2.7B config.json shapes; its model card: 14.3B parameters in total, 2.7B activated."""
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+           "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+           "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
+           "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    m = model_from_config(cfg)
+    assert (m.num_experts, m.experts_per_token, m.num_shared_experts, m.moe_ffn_hidden_size) == (60, 4, 4, 1408)
+    assert total_params(m) / 1e9 == pytest.approx(14.3, rel=0.01)
+    assert active_params(m) / 1e9 == pytest.approx(2.7, rel=0.01)
+    with pytest.raises(PlannerError):
+        model_from_config(dict(cfg, shared_expert_intermediate_size=5000))

@@ -267,9 +267,18 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
         h = f.int("hidden_size")
         layers = f.int("num_hidden_layers")
         num_experts = f.int("num_local_experts", "n_routed_experts", "num_experts", default=0, minimum=0)
-        moe_ffn = 0
+        moe_ffn = shared = 0
         if num_experts:
             moe_ffn = f.int("moe_intermediate_size", default=0, minimum=0) or f.int("intermediate_size")
+            shared = f.int("n_shared_experts", default=0, minimum=0)
+            # Qwen2-MoE gives the shared expert as one MLP of shared_expert_intermediate_size: n_s = that / f
+            shared_width = f.int("shared_expert_intermediate_size", default=0, minimum=0)
+            if shared_width:
+                if shared_width % moe_ffn:
+                    raise PlannerError(f"shared_expert_intermediate_size {shared_width} is not a multiple of "
+                                       f"moe_intermediate_size {moe_ffn}", source=source,
+                                       field="shared_expert_intermediate_size")
+                shared = shared_width // moe_ffn
         spec = ModelSpec(
             name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=f.int("intermediate_size"),
             num_layers=layers, num_heads=heads,
@@ -281,7 +290,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             num_experts=num_experts,
             experts_per_token=f.int("num_experts_per_tok", default=2 if num_experts else 0, minimum=0),
             moe_ffn_hidden_size=moe_ffn,
-            num_shared_experts=f.int("n_shared_experts", default=0, minimum=0),
+            num_shared_experts=shared,
             first_k_dense_layers=f.int("first_k_dense_replace", default=0, minimum=0),
             expert_groups=f.int("n_group", default=0, minimum=0) if num_experts else 0,
             expert_groups_per_token=f.int("topk_group", default=0, minimum=0) if num_experts else 0,
