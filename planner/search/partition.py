@@ -418,8 +418,8 @@ def partition_report(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> str:
             f"{b.time_per_microbatch_s * 1e3:.1f} | {b.peak_memory_bytes / GIB:.1f} |")
     lines += [
         "",
-        "Why: under 1F1B the first ranks hold more micro-batches in flight (p - r), so a uniform recomputation "
-        "setting sized for rank 0 wastes time on every later rank. The partition gives the early ranks fewer "
+        "Why: under 1F1B rank r holds p - r micro-batches in flight, so a uniform recomputation setting sized for "
+        "the fullest early rank wastes time on every later rank. The partition gives the early ranks fewer "
         "layers and more recomputation and the late ranks more layers and none, so no rank is over memory and "
         "the busiest rank's time per micro-batch drops; the LM head's 128K-vocabulary GEMM and loss keep the last "
         "rank lighter in layers.",
