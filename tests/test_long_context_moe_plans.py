@@ -25,8 +25,10 @@ CASES = {
 #: wall-clock budget of the acceptance (issue 5); measured as the child's CPU time so that other jobs on a shared
 #: machine do not fail it
 BUDGET_S = 3.0
-#: the child is killed after this long (imports + search), whatever happens
-HARD_TIMEOUT_S = 12
+#: the child is killed after this long (imports + search), whatever happens: generous, since wall time on a shared
+#: machine is not what is tested (CPU time is); short for the known-slow case, which would only waste the suite's time
+HARD_TIMEOUT_S = 60
+KNOWN_SLOW_TIMEOUT_S = 12
 #: known gap, measured 2026-12-02: the DeepSeek-V3 search takes 50-90 s on this 2-core machine, most of it spent
 #: building per-group bound tables (~45k distinct layer evaluations over 249k groups of 21M configurations).
 #: Non-strict, so the test reports XPASS once the search is fast enough; then drop the marker.
@@ -52,11 +54,11 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _run(case):
+def _run(case, timeout=HARD_TIMEOUT_S):
     if not hasattr(planner.search, "search_plans"):
         pytest.skip("planner.search.search_plans does not exist yet")
     args = [str(a) for a in CASES[case]]
-    r = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=HARD_TIMEOUT_S)
+    r = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -72,7 +74,7 @@ def test_llama_405b_at_128k_tokens_on_16384_h100():
 
 @SLOW_MOE_SEARCH
 def test_deepseek_v3_on_2048_h800():
-    d = _run("deepseek-v3")
+    d = _run("deepseek-v3", KNOWN_SLOW_TIMEOUT_S)
     assert d["fits"]
     assert d["cpu_s"] < BUDGET_S
     assert d["tp"] * d["cp"] * d["pp"] * d["dp"] == 2048
