@@ -16,8 +16,9 @@ from typing import Any, Callable, Iterable
 
 from planner.errors import PlannerError
 
-#: below this many scenarios a sweep runs in-process: starting workers costs more than it saves
-PARALLEL_MIN_SCENARIOS = 16
+#: below this many scenarios a sweep runs in-process; a search takes 0.1 s or more, forking a worker ~10 ms, so
+#: even a handful of scenarios gains from the pool
+PARALLEL_MIN_SCENARIOS = 4
 #: work items handed to a worker at once, as a fraction of the scenarios per worker (small enough to balance
 #: searches of very different cost, large enough to amortize inter-process traffic)
 CHUNKS_PER_WORKER = 8

@@ -373,3 +373,27 @@ def test_cli_export_errors(gpt3, tmp_path):
     bad.write_text('{"model": "x"}')
     res = runner.invoke(app, ["export", str(bad), "--to", "megatron"])
     assert res.exit_code == 2 and "does not match the plan schema" in res.stderr
+
+
+def test_plan_command_emits_the_searched_plan(tmp_path):
+    """``planner plan ... --emit`` writes the export of exactly the plan that ``planner plan --json`` reports."""
+    base = ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "16", "--global-batch", "64",
+            "--seq-len", "4096", "--top", "0"]
+    res = runner.invoke(app, base + ["--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    out = tmp_path / "job.toml"
+    res = runner.invoke(app, base + ["--emit", "torchtitan", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_text() == emit(plan, "torchtitan")
+    check_torchtitan(plan)
+    res = runner.invoke(app, base + ["--emit", "deepspeed"])
+    if plan["parallelism"]["pp"] == 1 or plan["schedule"] == "1f1b":
+        assert res.exit_code == 0, res.output
+        ds = json.loads(res.stdout)
+        assert ds["train_batch_size"] == 64
+        assert ds["gradient_accumulation_steps"] == plan["batch"]["num_microbatches"]
+    else:  # a schedule DeepSpeed lacks: refused, with the reason
+        assert res.exit_code == 2 and "deepspeed cannot run this plan" in res.stderr
+    res = runner.invoke(app, base + ["--emit", "slurm"])
+    assert res.exit_code == 2 and "unknown launcher" in res.stderr
