@@ -332,8 +332,8 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
     grad_bytes = GRAD_REDUCE_BYTES
     coll = [0.0] * 4
     rank0: tuple[float, ...] = ()
-    for n, nm, extra, _, _ in _end_ranks(space, t, np.array([g])):
-        dense, expert = (float(x) for x in _local_params(t, g, float(n[0]), float(nm[0]), float(extra[0])))
+    for n, nm, extra in _end_ranks_of(t, g):
+        dense, expert = (float(x) for x in _local_params(t, g, n, nm, extra))
         pairs = ((dp_group, dense), (edp_group, expert))
         ar = sum(comm.all_reduce_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
         rs = sum(comm.reduce_scatter_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
@@ -418,13 +418,25 @@ def _end_ranks(space: Space, t: GroupTables, g):
                emb > 0, t.rank_inflight[g, col])
 
 
+def _end_ranks_of(t: GroupTables, g: int) -> list[tuple[float, float, float]]:
+    """``_end_ranks`` of one group as plain floats: (layers, MoE layers, extra dense parameters) per checked rank."""
+    emb, head = float(t.embedding_params[g]), float(t.head_params[g])
+    out: list[tuple[float, float, float]] = []
+    for n, nm, e, h in zip(t.rank_layers[g].tolist(), t.rank_moe[g].tolist(), t.rank_emb[g].tolist(),
+                           t.rank_head[g].tolist()):
+        if (n, nm, e * emb + h * head) not in out:  # the same rank picked twice (rank 0 first, as it was)
+            out.append((n, nm, e * emb + h * head))
+    return out
+
+
 def _optimizer_floats(space: Space, t: GroupTables, g: int) -> np.ndarray:
     """``_optimizer_s`` of group g for ZeRO stages 0..3 (it runs once per group reached)."""
     full = sharded = 0.0
-    for n, nm, extra, _, _ in _end_ranks(space, t, np.array([g])):
-        dense, expert = _local_params(t, g, float(n[0]), float(nm[0]), float(extra[0]))
-        full = max(full, float(dense + expert))
-        sharded = max(sharded, float(dense / t.dp_shard[g] + expert / t.expert_dp_shard[g]))
+    dp_shard, edp_shard = float(t.dp_shard[g]), float(t.expert_dp_shard[g])
+    for n, nm, extra in _end_ranks_of(t, g):
+        dense, expert = (float(x) for x in _local_params(t, g, n, nm, extra))
+        full = max(full, dense + expert)
+        sharded = max(sharded, dense / dp_shard + expert / edp_shard)
     return np.array([full, sharded, sharded, sharded]) * t.optimizer_s_per_param
 
 
