@@ -75,7 +75,12 @@ def _resolve(model: Any, cluster: Any):
             _load_cluster(cluster) if isinstance(cluster, str) else cluster)
 
 
-def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, **kw):
+def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,
+                   launcher: str | None = None, **kw):
+    """The full search, or with ``launcher`` the best plan that launcher can run."""
+    if launcher is not None:
+        from planner.export import plan_for_launcher
+        return plan_for_launcher(model, cluster, num_gpus, global_batch_size, seq_len, launcher, **kw)
     from planner.search import search_plans
     return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, **kw)
 
@@ -121,17 +126,18 @@ def scenarios(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, se
 
 
 def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 1,
-          objective: str = "time", max_memory_gib: float | None = None, processes: int | None = None,
-          progress: bool | Callable[[int, int], None] = False,
+          objective: str = "time", max_memory_gib: float | None = None, launcher: str | None = None,
+          processes: int | None = None, progress: bool | Callable[[int, int], None] = False,
           search: Callable[..., Any] | None = None) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
     Each input is one value or a list: ``models`` shipped names / config.json paths / ``ModelSpec``s, ``clusters``
     shipped names / profile paths / ``Cluster``s, ``gpus``, ``global_batch_sizes`` (sequences) and ``seq_lens``
     (tokens). Rows follow the order of the product (models outermost); scenarios without a feasible plan keep their
-    row with ``feasible = False`` and the reason in ``error``. ``processes``: worker processes (default: all cores
-    once there are at least ``PARALLEL_MIN_SCENARIOS`` scenarios; 1 runs in-process). ``progress``: True for a rich
-    progress bar, or a callback ``(done, total)``. ``search``: the search function (default
+    row with ``feasible = False`` and the reason in ``error``. ``launcher`` (megatron, torchtitan, deepspeed, nemo)
+    restricts every search to what that launcher can run (``planner.export.plan_for_launcher``). ``processes``:
+    worker processes (default: all cores once there are at least ``PARALLEL_MIN_SCENARIOS`` scenarios; 1 runs
+    in-process). ``progress``: True for a rich progress bar, or a callback ``(done, total)``. ``search``: the search function (default
     ``planner.search.search_plans``; a replacement must be picklable to run in workers).
     """
     import pandas as pd
@@ -140,6 +146,13 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     search_kw: dict[str, Any] = {"top_k": top_k, "objective": objective}
     if max_memory_gib is not None:
         search_kw["max_memory_gib"] = max_memory_gib
+    if launcher is not None:
+        from planner.export import launcher_spaces
+        launcher_spaces(launcher)  # an unknown name fails here, not in every row
+        if search is not None:
+            raise PlannerError("launcher restricts the default search; a custom search must do it itself",
+                               source="launcher")
+        search_kw["launcher"] = launcher
     fn = search or default_search
     jobs = [(s, search_kw, fn) for s in jobs_list]
     total = len(jobs)

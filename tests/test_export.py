@@ -376,24 +376,69 @@ def test_cli_export_errors(gpt3, tmp_path):
 
 
 def test_plan_command_emits_the_searched_plan(tmp_path):
-    """``planner plan ... --emit`` writes the export of exactly the plan that ``planner plan --json`` reports."""
+    """``planner plan ... --emit X --out F --json``: F is the export of exactly the plan printed as JSON."""
     base = ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "16", "--global-batch", "64",
             "--seq-len", "4096", "--top", "0"]
-    res = runner.invoke(app, base + ["--json"])
-    assert res.exit_code == 0, res.output
-    plan = json.loads(res.stdout)
-    out = tmp_path / "job.toml"
-    res = runner.invoke(app, base + ["--emit", "torchtitan", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    assert out.read_text() == emit(plan, "torchtitan")
-    check_torchtitan(plan)
-    res = runner.invoke(app, base + ["--emit", "deepspeed"])
-    if plan["parallelism"]["pp"] == 1 or plan["schedule"] == "1f1b":
+    for target, suffix in (("torchtitan", "toml"), ("deepspeed", "json"), ("megatron", "sh")):
+        out = tmp_path / f"job.{suffix}"
+        res = runner.invoke(app, base + ["--emit", target, "--out", str(out), "--json"])
         assert res.exit_code == 0, res.output
-        ds = json.loads(res.stdout)
-        assert ds["train_batch_size"] == 64
-        assert ds["gradient_accumulation_steps"] == plan["batch"]["num_microbatches"]
-    else:  # a schedule DeepSpeed lacks: refused, with the reason
-        assert res.exit_code == 2 and "deepspeed cannot run this plan" in res.stderr
+        plan = json.loads(res.stdout)
+        assert out.read_text() == emit(plan, target)
+        if target == "torchtitan":
+            check_torchtitan(plan)
+        if target == "deepspeed":
+            ds = json.loads(out.read_text())
+            assert ds["train_batch_size"] == 64
+            assert ds["gradient_accumulation_steps"] == plan["batch"]["num_microbatches"]
     res = runner.invoke(app, base + ["--emit", "slurm"])
     assert res.exit_code == 2 and "unknown launcher" in res.stderr
+
+
+# ----- searching only what a launcher runs -------------------------------------------------------------------
+SEARCHED = {"gpt3-175b": ("a100-80gb-sxm", 1536, 1536, 2048), "llama-3.1-405b": ("h100-80gb-sxm", 16384, 2048, 8192)}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("model", sorted(SEARCHED))
+def test_searched_plans_export_for_every_launcher(model, target):
+    """The acceptance models, planned by the search for each launcher: the export is accepted and holds the plan."""
+    from planner.export import plan_for_launcher
+    cluster, gpus, batch, seq = SEARCHED[model]
+    plan = json.loads(plan_for_launcher(load_model(model), load_cluster(cluster), gpus, batch, seq, target).to_json())
+    assert plan["num_gpus"] == gpus and plan["batch"]["global_batch_size"] == batch
+    par = plan["parallelism"]
+    if target in ("megatron", "nemo"):
+        assert plan["schedule"] in ("1f1b", "interleaved-1f1b") or par["pp"] == 1
+    if target == "megatron":
+        kv = pairs(megatron.arguments(plan))
+        assert set(kv) <= MEGATRON_FLAGS
+        assert kv["--tensor-model-parallel-size"] == str(par["tp"])
+        assert kv["--pipeline-model-parallel-size"] == str(par["pp"])
+        assert kv["--context-parallel-size"] == str(par["cp"])
+        assert kv["--global-batch-size"] == str(batch) and kv["--seq-length"] == str(seq)
+    elif target == "torchtitan":
+        check_torchtitan(plan)
+    elif target == "deepspeed":
+        ds = json.loads(emit(plan, "deepspeed"))
+        assert set(ds) <= DEEPSPEED_KEYS
+        assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * \
+            par["dp"] == batch
+        assert ds["zero_optimization"]["stage"] == par["zero_stage"]
+        assert par["pp"] == 1 or par["zero_stage"] <= 1
+    else:
+        strategy, _, overrides, _ = nemo_parts(emit(plan, "nemo"))
+        assert strategy["tensor_model_parallel_size"] == par["tp"]
+        assert strategy["pipeline_model_parallel_size"] == par["pp"]
+        assert strategy["context_parallel_size"] == par["cp"] and overrides["data.global_batch_size"] == batch
+
+
+def test_launcher_restriction_never_beats_the_full_search():
+    from planner.export import plan_for_launcher
+    from planner.search import search_plans
+    args = (load_model("llama-3.1-405b"), load_cluster("h100-80gb-sxm"), 16384, 2048, 8192)
+    best = search_plans(*args, top_k=0).estimate.step_time_s
+    for target in TARGETS:
+        assert plan_for_launcher(*args, target).estimate.step_time_s >= best * (1 - 1e-9)
+    with pytest.raises(PlannerError, match="unknown launcher"):
+        plan_for_launcher(*args, "slurm")

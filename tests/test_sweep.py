@@ -126,3 +126,15 @@ def test_sweep_with_the_real_search():
     a100 = df[df.cluster == "a100-80gb-sxm"].step_time_s.to_numpy()
     assert (h100 < a100).all()
     assert elapsed < 30
+
+
+@pytest.mark.skipif(not real_search_available(), reason="planner.search.search_plans not available yet")
+def test_sweep_for_a_launcher():
+    df = planner.sweep("llama-3.1-70b", "h100-80gb-sxm", [64], [256], [8192], launcher="megatron", processes=1)
+    row = df.iloc[0]
+    assert row.feasible and (row.pp == 1 or row.schedule in ("1f1b", "interleaved-1f1b"))
+    assert row.pp == 1 or row.zero_stage <= 1
+    with pytest.raises(PlannerError, match="unknown launcher"):
+        planner.sweep("llama-3.1-8b", "h100-80gb-sxm", 8, 64, 2048, launcher="slurm")
+    with pytest.raises(PlannerError, match="custom search"):
+        planner.sweep("llama-3.1-8b", "h100-80gb-sxm", 8, 64, 2048, launcher="megatron", search=pure_dp_search)

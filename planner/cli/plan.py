@@ -109,7 +109,7 @@ def plan(
     no_partition: bool = typer.Option(False, "--even-split", help="Keep layers split evenly (skip the partition DP)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     emit: str = typer.Option(None, "--emit", help="Also write a launcher config: megatron | torchtitan | deepspeed | "
-                                                  "nemo"),
+                                                  "nemo (the search then covers only what it runs)"),
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
 ) -> None:
     """Find the fastest (or smallest) configuration: every valid TP, PP, DP, CP, EP, virtual stages, micro-batch,
@@ -129,8 +129,14 @@ def plan(
                            fix="give --out FILE for the launcher config")
     spec = load_model(model)
     hw = load_cluster(cluster)
-    result = search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
-                          max_memory_gib=max_memory_gib, refine_partition=not no_partition)
+    if emit is not None:  # search only what the launcher can run, so that the export cannot be refused
+        from planner.export import plan_for_launcher
+
+        result = plan_for_launcher(spec, hw, gpus, global_batch, seq_len, emit, top_k=top, objective=objective,
+                                   max_memory_gib=max_memory_gib, refine_partition=not no_partition, option="--emit")
+    else:
+        result = search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
+                              max_memory_gib=max_memory_gib, refine_partition=not no_partition)
     if emit is not None:
         from planner.cli.export import write_export
 

@@ -3,7 +3,8 @@
 ``emit(plan, target)`` returns the file text; ``export(plan, target)`` also returns the notes a user must read
 (what the file leaves out, how a knob was mapped) and the usual file suffix. ``plan`` is a ``planner.plan.Plan``
 or its JSON dict. A launcher that cannot run something the plan uses raises ``PlannerError`` instead of
-emitting a configuration that would run differently from the estimate.
+emitting a configuration that would run differently from the estimate; ``plan_for_launcher`` searches only what
+a launcher can run.
 """
 
 from __future__ import annotations
@@ -49,4 +50,6 @@ def emit(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to"
     return export(plan, target, source=source, option=option).text
 
 
-__all__ = ["TARGETS", "Export", "emit", "export"]
+from planner.export.spaces import launcher_spaces, plan_for_launcher  # noqa: E402  (needs TARGETS, export)
+
+__all__ = ["TARGETS", "Export", "emit", "export", "launcher_spaces", "plan_for_launcher"]

@@ -65,8 +65,10 @@ def read_plan(plan: Plan | dict[str, Any], source: str = "<plan>") -> PlanView:
 
 
 def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
-    """The error an exporter raises when the launcher cannot run what the plan uses."""
-    return PlannerError(f"{launcher} cannot run this plan: {feature}", source=f"--to {launcher}", fix=fix)
+    """The error an exporter raises when the launcher cannot run what the plan uses; the fix always mentions the
+    search restricted to the launcher (``planner plan ... --emit <launcher>``)."""
+    return PlannerError(f"{launcher} cannot run this plan: {feature}", source=f"--to {launcher}",
+                        fix=f"{fix}; `planner plan ... --emit {launcher}` searches only what {launcher} runs")
 
 
 def summary_comment(view: PlanView) -> list[str]:
