@@ -122,8 +122,8 @@ def _per_layer_cache(fn):
     """Memoize a layer's cost on the knobs it depends on, so the search's many configurations that differ only in
     ZeRO stage, pipeline shape, schedule, batch or recomputation depth share one evaluation.
 
-    The key: the model, the cluster, TP, CP and its kind, EP, micro-batch, sequence, SP, recompute mode, flash
-    attention, TP overlap, and the TP / CP / EP group placements (which depend only on those degrees). Not in it:
+    The key: the model, the cluster, TP, CP and its kind, EP, micro-batch, sequence, SP (with TP), selective
+    recompute or not, flash attention, TP overlap, and the TP / CP / EP group placements (which depend only on those degrees). Not in it:
     GPU count, PP, VPP, global batch, ZeRO stage, schedule, layer and recompute splits, DP overlap options, the DP
     placement and the pipeline link -- none of which a single layer's kernels, activations or TP / CP / EP
     communication read. ``tests/test_cp.py`` checks cached == uncached.
@@ -131,9 +131,11 @@ def _per_layer_cache(fn):
     cache: dict[tuple, _LayerCost] = {}
 
     def wrapper(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> _LayerCost:
+        # a layer reads the recompute mode only as "selective or not" (the full-recompute variants are separate
+        # fields), and SP only when there is TP to split over
         key = (model, cluster, cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
-               cfg.sequence_parallel, cfg.recompute, cfg.flash_attention, cfg.tp_comm_overlap, groups.tp, groups.cp,
-               groups.ep, moe)
+               cfg.sequence_parallel and cfg.tp > 1, cfg.recompute == "selective", cfg.flash_attention,
+               cfg.tp_comm_overlap, groups.tp, groups.cp, groups.ep, moe)
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= LAYER_CACHE_SIZE:
