@@ -21,7 +21,7 @@ from rich.table import Table
 
 from planner.cost.step import estimate
 from planner.plan import search_plans
-from planner.search.engine import search
+from planner.search.engine import SearchSpace, search
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
 from planner.specs.model import ModelSpec, load_model
@@ -43,10 +43,12 @@ def speed() -> None:
         res = search(load_model(model), load_cluster(cluster), n, b, s, top=3)
         st = res.stats
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "plan", "--model", model, "--cluster", cluster,
-                        "--gpus", str(n), "--global-batch", str(b), "--seq-len", str(s), "--json"],
-                       check=True, capture_output=True, cwd=Path(__file__).resolve().parent.parent)
+        r = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "plan", "--model", model,
+                            "--cluster", cluster, "--gpus", str(n), "--global-batch", str(b), "--seq-len", str(s),
+                            "--json"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
         cli_s = time.perf_counter() - t0
+        if r.returncode:
+            raise SystemExit(f"planner plan failed: {r.stderr.strip()}")
         c = res.best.config
         t.add_row(label, f"{st['candidates']:,}", f"{st['groups']:,}", f"{st['exact_evaluations']:,}",
                   f"{st['time_s']:.2f}", f"{st['cpu_s']:.2f}", f"{st['candidates'] / st['cpu_s']:,.0f}",
@@ -88,30 +90,48 @@ PUBLISHED = [
 ]
 #: how many top plans the quality check lists (the published configuration is looked for among them)
 QUALITY_TOP = 25
+#: the options Megatron-LM had when the GPT runs were published (2021-22): 1F1B or interleaved schedules, no
+#: context parallelism, no sharding beyond the distributed optimizer (ZeRO-1)
+ERA_SPACE = SearchSpace(schedules=("1f1b", "interleaved-1f1b"), max_cp=1, zero_stages=(0, 1))
+
+
+def _rank_of(published: RunConfig, plan) -> str:
+    ranked = (plan,) + plan.alternatives
+    same = [i + 1 for i, p in enumerate(ranked) if p.config == published]
+    if same:
+        return str(same[0])
+    # or a plan the model cannot tell apart from it (same step time and memory: e.g. selective = none with a
+    # fused attention kernel, ZeRO-0 = ZeRO-1 without data parallelism)
+    est = estimate(plan.model, load_cluster(plan.cluster_name), published)
+    twins = [i + 1 for i, p in enumerate(ranked)
+             if (p.estimate.step_time_s, p.estimate.peak_memory_bytes) == (est.step_time_s, est.peak_memory_bytes)]
+    return f"{twins[0]} (twin)" if twins else f"> {len(ranked)}"
 
 
 def quality() -> None:
     t = Table(title=f"Quality: planner's best vs the published configuration, both under the planner's model "
-                    f"(published rank among the top {QUALITY_TOP + 1})")
-    for col in ("run", "published", "published step s", "planner best", "best step s", "speed-up", "rank"):
-        t.add_column(col, justify="left" if col in ("run", "published", "planner best") else "right")
+                    f"(rank of the published configuration among the top {QUALITY_TOP + 1})")
+    for col in ("run", "published", "published step s", "planner best", "best step s", "speed-up", "rank",
+                "best, 2022 options", "its step s", "rank, 2022 options"):
+        t.add_column(col, justify="left" if col in ("run", "published", "planner best", "best, 2022 options")
+                     else "right")
     for label, model_name, cluster_name, knobs in PUBLISHED:
         model, cluster = load_model(model_name), load_cluster(cluster_name)
         pub = RunConfig(**knobs)
         pub_est = estimate(model, cluster, pub)
-        plan = search_plans(model, cluster, pub.num_gpus, pub.global_batch_size, pub.seq_len, top_k=QUALITY_TOP)
-        ranked = (plan,) + plan.alternatives
-        rank = next((str(i + 1) for i, p in enumerate(ranked) if p.config == pub), "-")
+        args = (model, cluster, pub.num_gpus, pub.global_batch_size, pub.seq_len)
+        plan = search_plans(*args, top_k=QUALITY_TOP)
+        era = search_plans(*args, top_k=QUALITY_TOP, space=ERA_SPACE)
         fits = "" if pub_est.fits else " (OOM)"
         t.add_row(label, _short(pub) + fits, f"{pub_est.step_time_s:.2f}", _short(plan.config),
                   f"{plan.estimate.step_time_s:.2f}", f"{pub_est.step_time_s / plan.estimate.step_time_s:.2f}x",
-                  rank)
+                  _rank_of(pub, plan), _short(era.config), f"{era.estimate.step_time_s:.2f}", _rank_of(pub, era))
     con.print(t)
 
 
 def gpus() -> None:
-    model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-80gb-sxm")
-    t = Table(title="Search time vs GPU count: Llama-3.1-405B on H100, seq 8192, global batch max(2048, GPUs / 8)")
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("h100-80gb-sxm")
+    t = Table(title="Search time vs GPU count: Llama-3.1-70B on H100, seq 8192, global batch max(2048, GPUs / 8)")
     for col in ("GPUs", "global batch", "configurations", "groups", "exact estimates", "time s", "cpu s",
                 "best plan", "MFU"):
         t.add_column(col, justify="left" if col == "best plan" else "right")

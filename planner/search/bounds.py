@@ -367,13 +367,16 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
     return np.array(coef), np.array(const)
 
 
-def refine_group(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int,
-                 cheap_bound: float) -> tuple[float, float, tuple[np.ndarray, np.ndarray]]:
+def refine_group(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int, cheap_bound: float,
+                 threshold: float = np.inf) -> tuple[float, float, tuple[np.ndarray, np.ndarray]]:
     """(bound on every row of group g, its pipeline floor, its data-parallel floor (a, C)): the refined pipeline
     time, raised per ZeRO stage by the data-parallel floor and the optimizer step, least over the stages the space
-    allows."""
+    allows. When the pipeline floor alone already exceeds ``threshold`` the rest is not computed (the group is
+    pruned whatever it would add)."""
     times = rank_times(space, t, g)
     pipe = max(cheap_bound, refined_group_bound(space, t, g, times))
+    if pipe > threshold:
+        return pipe, pipe, (np.ones((2, 4)), np.zeros((2, 4)))
     dp = data_parallel_floor_s(model, cluster, space, t, g, times)
     zeros = np.array(space.zero_stages, dtype=np.int64)
     per_zero = with_data_parallel_floor(pipe, dp[0][:, zeros], dp[1][:, zeros]) + \

@@ -192,7 +192,8 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             gi += len(batch)
             for g in batch.tolist():
                 if by_time:
-                    bound, pipe_floor[g], dp_floor[g] = refine_group(model, cluster, sp, tables, g, g_bound[g])
+                    bound, pipe_floor[g], dp_floor[g] = refine_group(model, cluster, sp, tables, g, g_bound[g],
+                                                                     kept.threshold)
                 else:
                     bound = g_bound[g]
                 heapq.heappush(heap, (bound, seq, _GROUP, g))
