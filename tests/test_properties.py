@@ -301,3 +301,41 @@ def test_search_is_deterministic(request_) -> None:
         d.pop("search", None)  # search statistics may include wall time
         runs.append(([plan.config] + [a.config for a in plan.alternatives], dumps(d)))
     assert runs[0] == runs[1]
+
+
+@SEARCH
+@given(search_requests())
+def test_time_and_memory_optima_are_consistent(request_) -> None:
+    """The search is exact over its space (partition refinement off, so both objectives search the same space):
+    the fastest plan is no slower than the smallest plan, and the smallest plan needs no more memory than the
+    fastest one."""
+    search_plans = _search_plans()
+    model, cluster, gpus, gb, seq, _ = request_
+    try:
+        fast = search_plans(model, cluster, gpus, gb, seq, top_k=0, objective="time", refine_partition=False)
+    except InfeasibleError:
+        with pytest.raises(InfeasibleError):
+            search_plans(model, cluster, gpus, gb, seq, top_k=0, objective="memory", refine_partition=False)
+        return
+    small = search_plans(model, cluster, gpus, gb, seq, top_k=0, objective="memory", refine_partition=False)
+    assert fast.estimate.step_time_s <= small.estimate.step_time_s * (1 + REL)
+    assert small.estimate.peak_memory_bytes <= fast.estimate.peak_memory_bytes * (1 + REL)
+
+
+@SEARCH
+@given(search_requests(), st.sampled_from([0.5, 0.8]))
+def test_a_memory_cap_never_speeds_up_the_optimum(request_, fraction) -> None:
+    """Capping memory below the fastest plan's peak only removes candidates: the capped optimum is no faster."""
+    search_plans = _search_plans()
+    model, cluster, gpus, gb, seq, _ = request_
+    try:
+        free = search_plans(model, cluster, gpus, gb, seq, top_k=0, refine_partition=False)
+    except InfeasibleError:
+        return
+    cap_gib = free.estimate.peak_memory_bytes * fraction / GIB
+    try:
+        capped = search_plans(model, cluster, gpus, gb, seq, top_k=0, max_memory_gib=cap_gib, refine_partition=False)
+    except InfeasibleError:
+        return
+    assert capped.estimate.peak_memory_bytes <= cap_gib * GIB * (1 + REL)
+    assert capped.estimate.step_time_s >= free.estimate.step_time_s * (1 - REL)
