@@ -20,6 +20,7 @@ from planner.cost.step import estimate
 from planner.cost.validity import config_problems
 from planner.errors import InfeasibleError, PlannerError
 from planner.plan import dumps, plan_dict
+from planner.schema import plan_json_errors
 from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, cluster_from_dict, hardware_profiles_dir
 from planner.specs.model import ModelSpec, model_from_config
@@ -246,7 +247,8 @@ def search_requests(draw):
 def test_every_plan_is_valid_fits_and_reestimates_identically(request_) -> None:
     """Every plan returned (the best and each alternative) breaks no validity rule, fits memory by the planner's own
     estimate, and ``estimate`` of its configuration gives exactly the numbers the plan carries. The best is
-    ranked first by the objective. No plan at all is an InfeasibleError (exit code 1)."""
+    ranked first by the objective. Its JSON matches the plan schema. No plan at all is an InfeasibleError (exit
+    code 1)."""
     search_plans = _search_plans()
     model, cluster, gpus, gb, seq, objective = request_
     try:
@@ -255,6 +257,7 @@ def test_every_plan_is_valid_fits_and_reestimates_identically(request_) -> None:
         assert e.exit_code == 1 and str(e)
         return
     ranked = (plan,) + tuple(plan.alternatives)
+    assert plan_json_errors(json.loads(plan.to_json())) == []  # what `plan --json` prints matches the schema
     for p in ranked:
         cfg = p.config
         assert cfg.num_gpus == gpus and cfg.global_batch_size == gb and cfg.seq_len == seq
