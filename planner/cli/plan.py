@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.app import app, choice, console, handle_errors
-from planner.cli.render import TIME_LABELS, config_line, print_estimate
+from planner.cli.render import print_estimate
 from planner.errors import PlannerError
 from planner.plan import Plan, search_plans
 from planner.search.engine import OBJECTIVES
-from planner.specs.hardware import GIB, load_cluster
+from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
 #: time components grouped the way the comparison names them
@@ -152,4 +152,4 @@ def plan(
                f"sequence {seq_len}{limit}")
 
 
-__all__ = ["plan", "plans_table", "why_best", "config_line", "TIME_LABELS", "GIB"]
+__all__ = ["plan", "plans_table", "why_best"]

@@ -6,8 +6,9 @@ Method (which part does what, and why):
    stages, SP) over the divisor lattice; a group's members differ only in ZeRO stage and recomputation.
 2. :mod:`planner.search.bounds` computes, vectorized with numpy over all groups at once, a lower bound on the step
    time and on the peak memory of every member of each group. Groups whose memory bound exceeds the limit are
-   dropped whole; the others are visited in order of their time bound.
-3. A visited group is expanded (numpy) into its rows, each with its own bounds; rows go onto a heap by bound.
+   dropped whole; the others are visited in order of their (cheap) time bound.
+3. A visited group gets a refined bound (its exact per-rank pipeline time and data-parallel floors) and goes onto
+   a heap; when it comes off it is expanded (numpy) into its rows, each with its own bounds, which go onto the heap.
 4. Rows come off the heap in bound order and are evaluated exactly by ``planner.cost.step.estimate`` (the same
    function ``planner estimate`` uses). The search keeps the K best feasible plans and stops when the smallest bound
    left, among rows and unvisited groups, is larger than the K-th best exact value. Since no bound exceeds the
@@ -38,7 +39,7 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.search.bounds import (group_memory_bound, group_tables, group_time_bound, refine_group,
                                    row_memory_bound, row_time_bound)
 from planner.search.partition import partition
-from planner.search.space import GROUP_COLS, SearchSpace, Space, build_space
+from planner.search.space import SearchSpace, Space, build_space
 from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
@@ -319,4 +320,4 @@ def _nearest_gpu_count(model: ModelSpec, cluster: Cluster, num_gpus: int, global
     return None
 
 
-__all__ = ["Candidate", "SearchResult", "SearchSpace", "OBJECTIVES", "GROUP_COLS", "memory_limit_bytes", "search"]
+__all__ = ["Candidate", "SearchResult", "SearchSpace", "OBJECTIVES", "memory_limit_bytes", "search"]
