@@ -183,7 +183,8 @@ def test_no_valid_layout_is_explained():
     assert "global batch" in str(e.value) or "divisible" in str(e.value)
 
 
-@pytest.mark.parametrize("kwargs,source", [({"objective": "speed"}, "--objective"), ({"top": -1}, "--top")])
+@pytest.mark.parametrize("kwargs,source", [({"objective": "speed"}, "--objective"), ({"top": -1}, "--top"),
+                                           ({"max_memory_gib": 0}, "--max-memory-gib")])
 def test_bad_arguments_are_usage_errors(kwargs, source):
     with pytest.raises(PlannerError) as e:
         search(small_gpt(), A100, 8, 16, 2048, **kwargs)

@@ -8,11 +8,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli.app import app, choice, console, handle_errors
+from planner.cli.app import app, console, handle_errors
 from planner.cli.render import print_estimate
 from planner.errors import PlannerError
 from planner.plan import Plan, search_plans
-from planner.search.engine import OBJECTIVES
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
@@ -114,14 +113,7 @@ def plan(
 ) -> None:
     """Find the fastest (or smallest) configuration: every valid TP, PP, DP, CP, EP, virtual stages, micro-batch,
     schedule, recomputation, SP and ZeRO stage, searched exhaustively with provable pruning."""
-    choice(objective, OBJECTIVES, "--objective")
-    for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--seq-len", seq_len)):
-        if value < 1:
-            raise PlannerError(f"must be >= 1, got {value}", source=name)
-    if top < 0:
-        raise PlannerError(f"must be >= 0, got {top}", source="--top")
-    if max_memory_gib is not None and not max_memory_gib > 0:
-        raise PlannerError(f"must be > 0, got {max_memory_gib}", source="--max-memory-gib")
+    # the sizes, --top, --objective and --max-memory-gib are checked by the search itself
     if out is not None and emit is None:
         raise PlannerError("--out needs --emit", source="--out", fix="add --emit megatron|torchtitan|deepspeed|nemo")
     if emit is not None and json_out and out is None:

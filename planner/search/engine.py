@@ -135,6 +135,8 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
             raise PlannerError(f"must be >= 1, got {value}", source=name)
     if top < 0:
         raise PlannerError(f"must be >= 0, got {top}", source="--top")
+    if max_memory_gib is not None and not max_memory_gib > 0:
+        raise PlannerError(f"must be > 0, got {max_memory_gib}", source="--max-memory-gib")
     if cluster.max_gpus and num_gpus > cluster.max_gpus:
         raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
                            fix=f"use --gpus <= {cluster.max_gpus}")
