@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.cost.compute import gpt_full_recompute_flops_eq3
+from planner.cost.compute import gpt_full_recompute_flops_eq3, model_flops_per_step
 from planner.cost.step import estimate
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
@@ -52,6 +52,11 @@ def evaluate_run(run: dict) -> ValidationRow:
         value = flops / est.step_time_s / cfg.num_gpus / 1e12
     elif metric == "mfu":
         value = est.mfu
+    elif metric == "mfu_causal":
+        # MFU counting only the unmasked half of causal attention's s^2 FLOPs (the convention under which long-
+        # context runs report MFU close to their short-context MFU, as Llama 3's Table 4 does)
+        flops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len, causal_half=True)
+        value = flops / est.step_time_s / (cfg.num_gpus * cluster.gpu.peak_flops)
     else:
         raise ValueError(f"unknown metric {metric}")
     return ValidationRow(run["id"], run["table"], metric, float(run["measured"]["value"]), value,
