@@ -3,7 +3,8 @@
 Strategies: random bytes and random JSON documents as whole files; the shipped files truncated at many points; the
 shipped files with one field replaced by a hostile value (NaN, infinities, huge or negative numbers, wrong types)
 or deleted, at any depth. Whatever the input, ``load_model`` / ``load_cluster`` (and the dict-level
-``model_from_config`` / ``cluster_from_dict``) either return a spec or raise ``PlannerError`` naming the file.
+``model_from_config`` / ``cluster_from_dict``) either return a spec or raise ``PlannerError`` naming the file;
+a model spec the loader accepts can be estimated (finite numbers or a PlannerError).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.cost.step import estimate
 from planner.errors import PlannerError
+from planner.specs.config import RunConfig
 from planner.specs.hardware import Cluster, cluster_from_dict, hardware_profiles_dir, load_cluster
 from planner.specs.model import ModelSpec, load_model, model_from_config, model_specs_dir
 
@@ -28,6 +31,7 @@ FUZZ = settings(max_examples=int(os.environ.get("PLANNER_FUZZ_EXAMPLES", "150"))
                                                                         HealthCheck.function_scoped_fixture])
 
 MODEL_FILES = sorted(model_specs_dir().glob("*.json"))
+H100 = load_cluster("h100-80gb-sxm")
 PROFILE_FILES = sorted(hardware_profiles_dir().glob("*.json"))
 
 #: values that break naive loaders: non-finite floats, numbers too big for a float, wrong types, empty containers
@@ -82,6 +86,12 @@ def _check_model(result: Any) -> None:
         assert result.hidden_size >= 1 and result.num_layers >= 1 and result.num_heads >= 1
         assert result.num_kv_heads >= 1 and result.num_heads % result.num_kv_heads == 0
         assert result.vocab_size >= 1 and result.max_seq_len >= 1
+        # and the cost model can take it: a one-GPU estimate is finite or a PlannerError, nothing else
+        try:
+            est = estimate(result, H100, RunConfig(num_gpus=1, global_batch_size=1, seq_len=128))
+        except PlannerError:
+            return
+        assert math.isfinite(est.step_time_s) and est.step_time_s > 0 and math.isfinite(est.peak_memory_bytes)
 
 
 def _check_cluster(result: Any) -> None:
