@@ -32,6 +32,7 @@ FUZZ = settings(max_examples=int(os.environ.get("PLANNER_FUZZ_EXAMPLES", "150"))
 
 MODEL_FILES = sorted(model_specs_dir().glob("*.json"))
 H100 = load_cluster("h100-80gb-sxm")
+L8B = load_model("llama-3.1-8b")
 PROFILE_FILES = sorted(hardware_profiles_dir().glob("*.json"))
 
 #: values that break naive loaders: non-finite floats, numbers too big for a float, wrong types, empty containers
@@ -104,6 +105,13 @@ def _check_cluster(result: Any) -> None:
         assert result.gpus_per_node >= 1
         for flops in (1.0, 1e9, 1e12, 1e18):
             assert 0 < gpu.matmul_efficiency(flops) <= 1
+        # and the cost model can take it: two GPUs of it (TP where a node has two, else DP across nodes)
+        tp = 2 if result.gpus_per_node >= 2 else 1
+        try:
+            est = estimate(L8B, result, RunConfig(num_gpus=2, tp=tp, global_batch_size=2, seq_len=128))
+        except PlannerError:
+            return
+        assert math.isfinite(est.step_time_s) and est.step_time_s > 0 and math.isfinite(est.peak_memory_bytes)
 
 
 # ----------------------------------------------------------------------------------------------------------------
