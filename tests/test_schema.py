@@ -20,7 +20,7 @@ from planner.plan import SCHEMA_VERSION, Plan, plan_dict
 from planner.schema import plan_json_errors, plan_schema, validate_plan_json
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
-from planner.specs.model import load_model
+from planner.specs.model import load_model, shipped_models
 
 H100 = load_cluster("h100-80gb-sxm")
 L8B = load_model("llama-3.1-8b")
@@ -172,3 +172,12 @@ def test_unknown_schema_version_is_named() -> None:
         validate_plan_json(_set(_base(), "schema_version", "2.0"), source="old.json")
     assert str(exc.value).startswith("old.json: schema_version: schema_version '2.0' is not supported")
     assert f"'{SCHEMA_VERSION}'" in str(exc.value)
+
+
+@pytest.mark.parametrize("name", shipped_models())
+def test_every_shipped_model_estimates_to_valid_json(name: str) -> None:
+    """model_spec carries every ModelSpec field: each shipped model's fields must have the schema's scalar types."""
+    model = load_model(name)
+    cfg = RunConfig(num_gpus=8, global_batch_size=8, seq_len=1024)
+    d = json.loads(json.dumps(plan_dict(model, H100.name, cfg, estimate(model, H100, cfg))))
+    assert plan_json_errors(d) == []
