@@ -8,6 +8,12 @@ from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
 
+def _tp_splits_heads(model: ModelSpec, tp: int) -> bool:
+    """True when TP cannot split the attention: heads must divide by TP, and KV heads either divide by TP or are
+    fewer and replicated (TP a multiple of them)."""
+    return bool(model.num_heads % tp or model.num_kv_heads % tp and tp % model.num_kv_heads)
+
+
 def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[tuple[str, str]]:
     """Every rule a configuration breaks, as (option, message naming the rule and a valid alternative).
 
@@ -28,16 +34,21 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         return out
     if cluster.max_gpus and cfg.num_gpus > cluster.max_gpus:
         out.append(("gpus", f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs"))
-    if model.num_heads % cfg.tp or model.num_kv_heads % cfg.tp and cfg.tp % model.num_kv_heads:
+    if _tp_splits_heads(model, cfg.tp):
+        ok = [t for t in range(1, cluster.gpus_per_node + 1) if not _tp_splits_heads(model, t)]
         out.append(("tp", f"{model.num_heads} attention heads / {model.num_kv_heads} KV heads are not divisible "
-                          f"by tp={cfg.tp}"))
+                          f"by tp={cfg.tp}; use tp in {{{', '.join(map(str, ok))}}}"))
     if cfg.tp > cluster.gpus_per_node:
         out.append(("tp", f"tp={cfg.tp} is larger than a node ({cluster.gpus_per_node} GPUs); "
                           f"use tp <= {cluster.gpus_per_node}"))
     dp = cfg.dp
     if cfg.global_batch_size % (dp * cfg.micro_batch_size):
+        unit = dp * cfg.micro_batch_size
+        below = cfg.global_batch_size // unit * unit
+        near = f"{below} or {below + unit}" if below else f"{unit}"
         out.append(("global-batch", f"global batch {cfg.global_batch_size} is not divisible by dp*micro_batch = "
-                                    f"{dp}*{cfg.micro_batch_size}"))
+                                    f"{dp}*{cfg.micro_batch_size}; use a multiple of {unit} (e.g. {near}), a smaller "
+                                    f"micro-batch or a larger tp*pp*cp"))
     stages = cfg.pp * cfg.vpp
     if cfg.layers_per_stage is not None:
         if len(cfg.layers_per_stage) != stages or sum(cfg.layers_per_stage) != model.num_layers or \
@@ -45,7 +56,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
             out.append(("layers_per_stage", f"must list {stages} non-negative counts summing to "
                                             f"{model.num_layers} layers"))
     elif model.num_layers < stages:
-        out.append(("pp", f"{model.num_layers} layers cannot fill pp*vpp = {stages} stages"))
+        out.append(("pp", f"{model.num_layers} layers cannot fill pp*vpp = {stages} stages; use pp*vpp <= "
+                          f"{model.num_layers}"))
     if cfg.recompute_layers_per_stage is not None:
         per_stage = cfg.layers_per_stage if cfg.layers_per_stage is not None else None
         if len(cfg.recompute_layers_per_stage) != stages or min(cfg.recompute_layers_per_stage) < 0 or (
