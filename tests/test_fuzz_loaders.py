@@ -152,10 +152,21 @@ def test_truncated_shipped_files(tmp_path: Path, path: Path) -> None:
 
 @pytest.mark.parametrize("name,load", [("no-such-file.json", load_model), ("no/such/dir/x.json", load_cluster),
                                        ("x" * 5000, load_model), ("nul\0byte", load_cluster), ("", load_model),
-                                       (".", load_model), ("/", load_cluster)])
+                                       (".", load_model), ("/", load_cluster), ("/tmp/nul\0byte.json", load_model),
+                                       ("/dev/null", load_model), ("/dev/zero", load_cluster)])
 def test_unusable_names(name: str, load) -> None:
+    """Missing, empty, too long, NUL bytes, directories, devices (/dev/zero would never end: reads are capped)."""
     r = _loads_or_planner_error(load, name)
     assert isinstance(r, PlannerError)
+
+
+def test_deeply_nested_json(tmp_path: Path) -> None:
+    """json.loads raises RecursionError, not JSONDecodeError, on deep nesting: still a PlannerError."""
+    f = tmp_path / "deep.json"
+    f.write_text("[" * 100_000 + "]" * 100_000)
+    for load in (load_model, load_cluster):
+        r = _loads_or_planner_error(load, str(f))
+        assert isinstance(r, PlannerError) and "nested too deeply" in str(r)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ SUPPORTED_MODEL_TYPES = LLAMA_LIKE + ("gpt2",)
 #: largest integer accepted in a config.json: int32, the type frameworks store shapes in; larger values are typos
 #: and would overflow the cost model's float arithmetic
 MAX_CONFIG_INT = 2**31 - 1
+#: largest JSON file read (specs, profiles and plans are kilobytes; anything this big is a wrong path)
+MAX_JSON_FILE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -149,20 +151,30 @@ def shipped_models() -> list[str]:
 
 
 def read_json_file(path: Path, what: str) -> Any:
-    """Read a JSON file, turning every I/O or syntax problem into a one-line PlannerError."""
+    """Read a JSON file, turning every I/O or syntax problem into a one-line PlannerError.
+
+    Reads at most ``MAX_JSON_FILE_BYTES`` (so a device like /dev/zero or a huge file by mistake cannot hang or
+    exhaust memory; pipes such as /dev/stdin still work)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_JSON_FILE_BYTES + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise PlannerError("file not found", source=str(path), fix=f"pass an existing {what} file or a shipped name")
     except IsADirectoryError:
         raise PlannerError("is a directory, not a file", source=str(path), fix=f"pass a {what} JSON file")
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL byte in the path
         raise PlannerError(f"cannot read: {e.__class__.__name__}", source=str(path), fix=f"pass a readable {what} file")
+    if len(raw) > MAX_JSON_FILE_BYTES:
+        raise PlannerError(f"larger than {MAX_JSON_FILE_BYTES // 2**20} MiB", source=str(path),
+                           fix=f"a {what} is a small JSON file; check the path")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise PlannerError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", source=str(path),
                            fix="fix the JSON syntax (truncated file?)")
+    except RecursionError:
+        raise PlannerError("invalid JSON: nested too deeply", source=str(path), fix=f"pass a {what} JSON file")
 
 
 def _path_exists(path: Path) -> bool:
