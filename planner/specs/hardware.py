@@ -91,6 +91,10 @@ def hardware_profiles_dir() -> Path:
     return _data_dir("hardware_profiles")
 
 
+#: where a profile's format is documented: the shipped profiles themselves (every field carries its unit)
+_FORMAT_FIX = "see a shipped profile for the format: `planner list clusters`, files in hardware_profiles/"
+
+
 def shipped_clusters() -> list[str]:
     return sorted(p.stem for p in hardware_profiles_dir().glob("*.json"))
 
@@ -105,12 +109,12 @@ def load_cluster(name_or_path: str) -> Cluster:
 def _num(d: Any, key: str, source: str, section: str, *, positive: bool = True, maximum: float | None = None,
          default: float | None = None) -> float:
     if not isinstance(d, dict):
-        raise PlannerError("must be an object", source=source, field=section)
+        raise PlannerError("must be an object", source=source, field=section, fix=_FORMAT_FIX)
     if key not in d:
         if default is not None:
             return default
         raise PlannerError("missing required field", source=source, field=f"{section}.{key}",
-                           fix="see hardware_profiles/README.md for the format")
+                           fix=_FORMAT_FIX)
     value = d[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             isinstance(value, float) and not math.isfinite(value):
@@ -128,7 +132,7 @@ def _num(d: Any, key: str, source: str, section: str, *, positive: bool = True, 
 
 def _link(d: Any, source: str, section: str) -> Link:
     if not isinstance(d, dict):
-        raise PlannerError("missing or not an object", source=source, field=section)
+        raise PlannerError("missing or not an object", source=source, field=section, fix=_FORMAT_FIX)
     return Link(
         name=str(d.get("name", section)),
         bandwidth_bytes_per_s=_num(d, "bandwidth_gb_s", source, section) * GB,
@@ -157,10 +161,10 @@ def _curve(d: Any, source: str, section: str) -> EfficiencyCurve:
 
 def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str = "cluster") -> Cluster:
     if not isinstance(data, dict):
-        raise PlannerError("top level must be a JSON object", source=source)
+        raise PlannerError("top level must be a JSON object", source=source, fix=_FORMAT_FIX)
     g = data.get("gpu")
     if not isinstance(g, dict):
-        raise PlannerError("missing or not an object", source=source, field="gpu")
+        raise PlannerError("missing or not an object", source=source, field="gpu", fix=_FORMAT_FIX)
     gpu = GPU(
         name=str(g.get("name", default_name)),
         peak_flops=_num(g, "peak_bf16_tflops", source, "gpu") * TFLOPS,
@@ -175,7 +179,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
     )
     node = data.get("node")
     if not isinstance(node, dict):
-        raise PlannerError("missing or not an object", source=source, field="node")
+        raise PlannerError("missing or not an object", source=source, field="node", fix=_FORMAT_FIX)
     gpn = node.get("gpus_per_node")
     if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
         raise PlannerError(f"must be a positive integer, got {gpn!r}", source=source, field="node.gpus_per_node")
