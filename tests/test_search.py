@@ -195,3 +195,68 @@ def test_memory_limit_respects_the_cap():
     assert memory_limit_bytes(H100, 10) == 10 * GIB
     assert memory_limit_bytes(H100) == H100.gpu.hbm_bytes - H100.gpu.memory_reserve_bytes
     assert not math.isinf(memory_limit_bytes(H100, 1e9))
+
+
+# ---- the vectorized per-layer costs (planner.search.layer_table) against the scalar cost model ------------------
+_LAYER_FIELDS = ("tp_fwd_s", "tp_bwd_s", "cp_fwd_s", "cp_bwd_s", "ep_fwd_s", "act_bytes", "act_full_bytes",
+                 "act_none_bytes", "cp_buffer_bytes")
+_PASS_FIELDS = ("fwd_s", "bwd_input_s", "bwd_weight_s", "selective_recompute_s")
+
+
+@pytest.mark.parametrize("model_name,cluster_name", [
+    ("gpt3-175b", "a100-80gb-sxm"),  # dense MHA, learned positions, biases, dropout
+    ("llama-3.1-405b", "h100-80gb-sxm"),  # GQA (8 K/V heads: replicated beyond TP 8), gated MLP, RoPE
+    ("mixtral-8x7b", "mi300x-192gb"),  # MoE without shared experts (TP halved by EP), 8-GPU nodes
+    ("deepseek-v3", "h800-80gb-sxm"),  # MLA, shared experts, group-limited routing across nodes
+])
+def test_layer_table_equals_the_scalar_layer_cost(model_name, cluster_name):
+    """Every field of ``layer_table.layer_costs`` / ``end_costs`` equals ``step._layer_cost`` (uncached) and the
+    embedding / head pass times on random keys (TP, CP of both kinds inside and across nodes, micro-batch, SP,
+    EP inside and across nodes), so the replica cannot drift from the cost model."""
+    from planner.cost import comm
+    from planner.cost.compute import embedding_ops, head_ops, pass_times
+    from planner.cost.memory import embedding_activation_bytes
+    from planner.cost.step import _layer_cost
+    from planner.search import layer_table
+    from planner.specs.config import CP_KINDS, RunConfig
+
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    rng = np.random.default_rng(7)
+    n = 120
+    ep_choices = [1, 2, 4, 8, 16, 64] if model.is_moe else [1]
+    keys = np.stack([rng.choice([1, 2, 4, 8], n), rng.choice([1, 2, 4, 8, 16, 64, 256], n), rng.integers(0, 2, n),
+                     rng.choice([1, 2, 3, 5, 16, 128], n), rng.integers(0, 2, n), rng.choice(ep_choices, n)], axis=1)
+    for seq in (2048, 32768):
+        ends = layer_table.end_costs(model, cluster, seq, keys[:, 0], keys[:, 1], keys[:, 3], keys[:, 4])
+        for moe in ((False, True) if model.is_moe else (False,)):
+            vec = layer_table.layer_costs(model, cluster, seq, *keys.T, moe=moe)
+            for i, (t, c, k, b, s, e) in enumerate(keys.tolist()):
+                cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
+                                seq_len=seq, sequence_parallel=bool(s), recompute="selective")
+                lc = _layer_cost.__wrapped__(model, cluster, cfg, comm.groups_for(cluster, t, c, e, 1, e), moe)
+                want = [getattr(lc.pt, f) for f in _PASS_FIELDS] + [getattr(lc, f) for f in _LAYER_FIELDS]
+                got = [vec[f][i] for f in _PASS_FIELDS + _LAYER_FIELDS]
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=f"{model_name} {cfg}")
+                if moe:
+                    continue
+                emb, head = pass_times(embedding_ops(model, cfg), cluster.gpu), pass_times(head_ops(model, cfg),
+                                                                                          cluster.gpu)
+                want = [emb.fwd_s, emb.bwd_s, head.fwd_s, head.bwd_input_s, head.bwd_weight_s,
+                        embedding_activation_bytes(model, cfg)]
+                got = [ends[f][i] for f in ("emb_fwd_s", "emb_bwd_s", "head_fwd_s", "head_bwd_input_s",
+                                            "head_bwd_weight_s", "act_emb_bytes")]
+                np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=f"{model_name} {cfg}")
+
+
+def test_group_layer_tables_equal_the_scalar_composition():
+    """The bounds' per-key tables built from the vectorized layer costs equal those built from ``_layer_cost``."""
+    from planner.search.bounds import _layer_tables, _layer_tables_scalar, _unique_rows
+
+    model, cluster = load_model("mixtral-8x7b"), H100
+    sp = build_space(model, cluster, 64, 256, 4096)
+    uniq, _ = _unique_rows(*(sp.col(k) for k in ("tp", "cp", "cp_kind", "mb", "sp", "ep")))
+    assert len(uniq) > 500
+    vec, ref = _layer_tables(model, cluster, 4096, uniq), _layer_tables_scalar(model, cluster, 4096, uniq)
+    assert vec.keys() == ref.keys()
+    for name in ref:
+        np.testing.assert_allclose(vec[name], ref[name], rtol=1e-12, atol=0, err_msg=name)

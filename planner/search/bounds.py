@@ -42,6 +42,7 @@ from planner.cost.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, embe
                                  embedding_params, expert_params_per_layer, head_params, layer_params, norm_params)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import ADAM_BYTES_PER_PARAM, _layer_cost
+from planner.search import layer_table
 from planner.search.space import G, REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
 from planner.specs.config import CP_KINDS, RunConfig, even_layer_split
 from planner.specs.hardware import Cluster
@@ -119,53 +120,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     # ---- per-layer costs per distinct (tp, cp, cp_kind, mb, sp, ep) --------------------------------------------
     uniq, inv = _unique_rows(tp, cp, kind, mb, sp, ep)
-    names = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none", "act_sel", "act_full", "act_emb",
-             "cp_buf", "fd", "bd", "wd", "fm", "bm", "wm", "emb_f", "emb_w", "head_f", "head_b", "head_w",
-             "act_none_d", "act_none_m", "act_sel_d", "act_sel_m")
-    tab = {k: np.zeros(len(uniq)) for k in names}
-    for u, (t, c, k, b, s, e) in enumerate(uniq.tolist()):
-        cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
-                        seq_len=space.seq_len, sequence_parallel=bool(s), recompute="selective")
-        groups = comm.groups_for(cluster, t, c, e, 1, e)
-        costs = [(n_dense, _layer_cost(model, cluster, cfg, groups, moe=False))]
-        if n_moe:
-            costs.append((n_moe, _layer_cost(model, cluster, cfg, groups, moe=True)))
-        full_min = np.inf
-        act = {"act_none": np.inf, "act_sel": np.inf, "act_full": np.inf}
-        for (count, lc), kind_ in zip(costs, "dm"):
-            # the composition of step.estimate: forward comm = TP + CP + EP forward, backward likewise
-            comm_f = lc.tp_fwd_s + lc.cp_fwd_s + lc.ep_fwd_s
-            comm_b = lc.tp_bwd_s + lc.cp_bwd_s + lc.ep_fwd_s
-            tab["f" + kind_][u] = lc.pt.fwd_s + comm_f
-            tab["b" + kind_][u] = lc.pt.bwd_input_s + comm_b
-            tab["w" + kind_][u] = lc.pt.bwd_weight_s
-            tab["fwd"][u] += count * (lc.pt.fwd_s + comm_f)
-            tab["bwd_in"][u] += count * (lc.pt.bwd_input_s + comm_b)
-            tab["bwd_w"][u] += count * lc.pt.bwd_weight_s
-            tab["sel"][u] += count * lc.pt.selective_recompute_s
-            tab["full"][u] += count * (lc.pt.fwd_s + comm_f)
-            full_min = min(full_min, lc.pt.fwd_s + comm_f)
-            act["act_none"] = min(act["act_none"], lc.act_none_bytes)
-            act["act_sel"] = min(act["act_sel"], lc.act_bytes)
-            act["act_full"] = min(act["act_full"], lc.act_full_bytes)
-            tab["act_none_" + kind_][u], tab["act_sel_" + kind_][u] = lc.act_none_bytes, lc.act_bytes
-            tab["cp_buf"][u] = max(tab["cp_buf"][u], lc.cp_buffer_bytes)
-        tab["full_min"][u] = full_min
-        for key, val in act.items():
-            tab[key][u] = val
-        emb = pass_times(embedding_ops(model, cfg), gpu)
-        head = pass_times(head_ops(model, cfg), gpu)
-        if not n_moe:
-            tab["fm"][u], tab["bm"][u], tab["wm"][u] = tab["fd"][u], tab["bd"][u], tab["wd"][u]
-            tab["act_none_m"][u], tab["act_sel_m"][u] = tab["act_none_d"][u], tab["act_sel_d"][u]
-        if not n_dense:
-            tab["act_none_d"][u], tab["act_sel_d"][u] = tab["act_none_m"][u], tab["act_sel_m"][u]
-        tab["emb_f"][u], tab["emb_w"][u] = emb.fwd_s, emb.bwd_s
-        tab["head_f"][u], tab["head_b"][u], tab["head_w"][u] = head.fwd_s, head.bwd_input_s, head.bwd_weight_s
-        tab["fwd"][u] += emb.fwd_s + head.fwd_s
-        tab["bwd_in"][u] += head.bwd_input_s
-        tab["bwd_w"][u] += emb.bwd_s + head.bwd_weight_s
-        tab["act_emb"][u] = embedding_activation_bytes(model, cfg)
+    tab = _layer_tables(model, cluster, space.seq_len, uniq)
     t_ = {k: v[inv] for k, v in tab.items()}
     # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
     # point-to-point each per micro-batch (step.estimate folds them into F and B); Megatron's scatter/gather sends
@@ -230,6 +185,119 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         optimizer_s_per_param=ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency),
         layer_s=np.stack([t_[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1),
         ends_s=np.stack([t_[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1), p2p_s=p2p)
+
+
+#: per-key quantities of ``_layer_tables``
+_TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none", "act_sel", "act_full", "act_emb",
+                "cp_buf", "fd", "bd", "wd", "fm", "bm", "wm", "emb_f", "emb_w", "head_f", "head_b", "head_w",
+                "act_none_d", "act_none_m", "act_sel_d", "act_sel_m")
+
+
+def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int, uniq: np.ndarray) -> dict[str, np.ndarray]:
+    """Per distinct key (rows of ``uniq``: TP, CP, CP kind, micro-batch, SP, EP) the whole model's per-micro-batch
+    forward / backward / weight-gradient time and recomputation extras, one dense and one MoE layer's F / B / W,
+    the embedding and LM head times and the per-layer activation bytes, composed as ``step.estimate`` composes
+    ``step._layer_cost``. The layer costs come from :mod:`planner.search.layer_table` (the cost model's formulas
+    over arrays, tested equal to ``_layer_cost``), or from ``_layer_cost`` itself where that replica does not
+    apply."""
+    if not layer_table.supported():
+        return _layer_tables_scalar(model, cluster, seq_len, uniq)
+    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    t, c, k, b, s, e = uniq.T
+    costs = [(n_dense, layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=False))]
+    if n_moe:
+        costs.append((n_moe, layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=True)))
+    n = len(uniq)
+    tab = {name: np.zeros(n) for name in _TABLE_NAMES}
+    full_min = np.full(n, np.inf)
+    act = {"act_none": np.full(n, np.inf), "act_sel": np.full(n, np.inf), "act_full": np.full(n, np.inf)}
+    for (count, lc), kind_ in zip(costs, "dm"):
+        # the composition of step.estimate: forward comm = TP + CP + EP forward, backward likewise
+        comm_f = lc["tp_fwd_s"] + lc["cp_fwd_s"] + lc["ep_fwd_s"]
+        comm_b = lc["tp_bwd_s"] + lc["cp_bwd_s"] + lc["ep_fwd_s"]
+        tab["f" + kind_] = lc["fwd_s"] + comm_f
+        tab["b" + kind_] = lc["bwd_input_s"] + comm_b
+        tab["w" + kind_] = lc["bwd_weight_s"]
+        tab["fwd"] = tab["fwd"] + count * (lc["fwd_s"] + comm_f)
+        tab["bwd_in"] = tab["bwd_in"] + count * (lc["bwd_input_s"] + comm_b)
+        tab["bwd_w"] = tab["bwd_w"] + count * lc["bwd_weight_s"]
+        tab["sel"] = tab["sel"] + count * lc["selective_recompute_s"]
+        tab["full"] = tab["full"] + count * (lc["fwd_s"] + comm_f)
+        full_min = np.minimum(full_min, lc["fwd_s"] + comm_f)
+        act["act_none"] = np.minimum(act["act_none"], lc["act_none_bytes"])
+        act["act_sel"] = np.minimum(act["act_sel"], lc["act_bytes"])
+        act["act_full"] = np.minimum(act["act_full"], lc["act_full_bytes"])
+        tab["act_none_" + kind_], tab["act_sel_" + kind_] = lc["act_none_bytes"], lc["act_bytes"]
+        tab["cp_buf"] = np.maximum(tab["cp_buf"], lc["cp_buffer_bytes"])
+    tab["full_min"] = full_min
+    tab.update(act)
+    if not n_moe:
+        tab["fm"], tab["bm"], tab["wm"] = tab["fd"], tab["bd"], tab["wd"]
+        tab["act_none_m"], tab["act_sel_m"] = tab["act_none_d"], tab["act_sel_d"]
+    if not n_dense:
+        tab["act_none_d"], tab["act_sel_d"] = tab["act_none_m"], tab["act_sel_m"]
+    ends = layer_table.end_costs(model, cluster, seq_len, t, c, b, s)
+    tab["emb_f"], tab["emb_w"] = ends["emb_fwd_s"], ends["emb_bwd_s"]
+    tab["head_f"], tab["head_b"] = ends["head_fwd_s"], ends["head_bwd_input_s"]
+    tab["head_w"] = ends["head_bwd_weight_s"]
+    tab["fwd"] = tab["fwd"] + (ends["emb_fwd_s"] + ends["head_fwd_s"])
+    tab["bwd_in"] = tab["bwd_in"] + ends["head_bwd_input_s"]
+    tab["bwd_w"] = tab["bwd_w"] + (ends["emb_bwd_s"] + ends["head_bwd_weight_s"])
+    tab["act_emb"] = ends["act_emb_bytes"]
+    return tab
+
+
+def _layer_tables_scalar(model: ModelSpec, cluster: Cluster, seq_len: int,
+                         uniq: np.ndarray) -> dict[str, np.ndarray]:
+    """``_layer_tables`` through the scalar cost model, one ``step._layer_cost`` call per key and layer kind (the
+    reference the vectorized replica is tested against, and the fallback where it does not apply)."""
+    gpu = cluster.gpu
+    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    tab = {k: np.zeros(len(uniq)) for k in _TABLE_NAMES}
+    for u, (t, c, k, b, s, e) in enumerate(uniq.tolist()):
+        cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
+                        seq_len=seq_len, sequence_parallel=bool(s), recompute="selective")
+        groups = comm.groups_for(cluster, t, c, e, 1, e)
+        costs = [(n_dense, _layer_cost(model, cluster, cfg, groups, moe=False))]
+        if n_moe:
+            costs.append((n_moe, _layer_cost(model, cluster, cfg, groups, moe=True)))
+        full_min = np.inf
+        act = {"act_none": np.inf, "act_sel": np.inf, "act_full": np.inf}
+        for (count, lc), kind_ in zip(costs, "dm"):
+            # the composition of step.estimate: forward comm = TP + CP + EP forward, backward likewise
+            comm_f = lc.tp_fwd_s + lc.cp_fwd_s + lc.ep_fwd_s
+            comm_b = lc.tp_bwd_s + lc.cp_bwd_s + lc.ep_fwd_s
+            tab["f" + kind_][u] = lc.pt.fwd_s + comm_f
+            tab["b" + kind_][u] = lc.pt.bwd_input_s + comm_b
+            tab["w" + kind_][u] = lc.pt.bwd_weight_s
+            tab["fwd"][u] += count * (lc.pt.fwd_s + comm_f)
+            tab["bwd_in"][u] += count * (lc.pt.bwd_input_s + comm_b)
+            tab["bwd_w"][u] += count * lc.pt.bwd_weight_s
+            tab["sel"][u] += count * lc.pt.selective_recompute_s
+            tab["full"][u] += count * (lc.pt.fwd_s + comm_f)
+            full_min = min(full_min, lc.pt.fwd_s + comm_f)
+            act["act_none"] = min(act["act_none"], lc.act_none_bytes)
+            act["act_sel"] = min(act["act_sel"], lc.act_bytes)
+            act["act_full"] = min(act["act_full"], lc.act_full_bytes)
+            tab["act_none_" + kind_][u], tab["act_sel_" + kind_][u] = lc.act_none_bytes, lc.act_bytes
+            tab["cp_buf"][u] = max(tab["cp_buf"][u], lc.cp_buffer_bytes)
+        tab["full_min"][u] = full_min
+        for key, val in act.items():
+            tab[key][u] = val
+        emb = pass_times(embedding_ops(model, cfg), gpu)
+        head = pass_times(head_ops(model, cfg), gpu)
+        if not n_moe:
+            tab["fm"][u], tab["bm"][u], tab["wm"][u] = tab["fd"][u], tab["bd"][u], tab["wd"][u]
+            tab["act_none_m"][u], tab["act_sel_m"][u] = tab["act_none_d"][u], tab["act_sel_d"][u]
+        if not n_dense:
+            tab["act_none_d"][u], tab["act_sel_d"][u] = tab["act_none_m"][u], tab["act_sel_m"][u]
+        tab["emb_f"][u], tab["emb_w"][u] = emb.fwd_s, emb.bwd_s
+        tab["head_f"][u], tab["head_b"][u], tab["head_w"][u] = head.fwd_s, head.bwd_input_s, head.bwd_weight_s
+        tab["fwd"][u] += emb.fwd_s + head.fwd_s
+        tab["bwd_in"][u] += head.bwd_input_s
+        tab["bwd_w"][u] += emb.bwd_s + head.bwd_weight_s
+        tab["act_emb"][u] = embedding_activation_bytes(model, cfg)
+    return tab
 
 
 def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
