@@ -175,13 +175,17 @@ CASES: list[tuple[str, list[str], int, list[str]]] = [
      2, ["{dir}/no/such/dir/x.sh", "--out"]),
     ("explain: missing plan file", ["explain", "{dir}/nothing.json"], 2, ["{dir}/nothing.json", "file not found"]),
     ("explain: not a plan", ["explain", "{no_parallelism.json}"], 2, ["{no_parallelism.json}", "parallelism"]),
+    ("export: hand-edited inconsistent plan", ["export", "{inconsistent.json}", "--to", "nemo"],
+     2, ["{inconsistent.json}", "parallelism", "num_gpus = 16"]),
+    ("explain: hand-edited inconsistent plan", ["explain", "{inconsistent.json}"],
+     2, ["{inconsistent.json}", "parallelism", "num_gpus = 16"]),
     ("explain: zero width", ["explain", "{plan.json}", "--width", "0"], 2, ["--width", ">= 1"]),
     ("sweep: GPU list with a typo", ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus",
                                      "8,abc", "--global-batch", "64"], 2, ["--gpus", "'abc'"]),
     ("sweep: zero global batch", ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
                                   "--global-batch", "0"], 2, ["--global-batch", ">= 1"]),
-    ("sweep: zero top-k", ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
-                           "--global-batch", "64", "--top-k", "0"], 2, ["--top-k", ">= 1"]),
+    ("sweep: negative top-k", ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
+                               "--global-batch", "64", "--top-k", "-1"], 2, ["--top-k", "must be >=", "got -1"]),
     ("sweep: zero jobs", ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
                           "--global-batch", "64", "--jobs", "0"], 2, ["--jobs", ">= 1"]),
     ("sweep: no model", ["sweep", "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch", "64"],
@@ -246,6 +250,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     paths["plan.json"] = str(d / "plan.json")
     (d / "no_parallelism.json").write_text(json.dumps({k: v for k, v in plan.items() if k != "parallelism"}))
     paths["no_parallelism.json"] = str(d / "no_parallelism.json")
+    (d / "inconsistent.json").write_text(json.dumps(dict(plan, num_gpus=16)))  # edited by hand: dp still 8
+    paths["inconsistent.json"] = str(d / "inconsistent.json")
     return paths
 
 

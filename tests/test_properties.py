@@ -20,7 +20,7 @@ from planner.cost.step import estimate
 from planner.cost.validity import config_problems
 from planner.errors import InfeasibleError, PlannerError
 from planner.plan import dumps, plan_dict
-from planner.schema import plan_json_errors
+from planner.schema import plan_consistency_errors, plan_json_errors
 from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, cluster_from_dict, hardware_profiles_dir
 from planner.specs.model import ModelSpec, model_from_config
@@ -257,7 +257,8 @@ def test_every_plan_is_valid_fits_and_reestimates_identically(request_) -> None:
         assert e.exit_code == 1 and str(e)
         return
     ranked = (plan,) + tuple(plan.alternatives)
-    assert plan_json_errors(json.loads(plan.to_json())) == []  # what `plan --json` prints matches the schema
+    printed = json.loads(plan.to_json())  # what `plan --json` prints matches the schema and is consistent
+    assert plan_json_errors(printed) == [] and plan_consistency_errors(printed) == []
     for p in ranked:
         cfg = p.config
         assert cfg.num_gpus == gpus and cfg.global_batch_size == gb and cfg.seq_len == seq

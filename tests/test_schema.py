@@ -17,7 +17,7 @@ from planner.cli import app
 from planner.cost.step import estimate
 from planner.errors import PlannerError
 from planner.plan import SCHEMA_VERSION, Plan, plan_dict
-from planner.schema import plan_json_errors, plan_schema, validate_plan_json
+from planner.schema import plan_consistency_errors, plan_json_errors, plan_schema, validate_plan_json
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model, shipped_models
@@ -181,3 +181,46 @@ def test_every_shipped_model_estimates_to_valid_json(name: str) -> None:
     cfg = RunConfig(num_gpus=8, global_batch_size=8, seq_len=1024)
     d = json.loads(json.dumps(plan_dict(model, H100.name, cfg, estimate(model, H100, cfg))))
     assert plan_json_errors(d) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Relations the schema cannot express
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path,value,where", [
+    ("num_gpus", 32, "parallelism"),  # tp*pp*cp*dp = 16
+    ("parallelism.dp", 8, "parallelism"),
+    ("parallelism.tp", 3, "parallelism"),
+    ("batch.num_microbatches", 3, "batch"),
+    ("batch.global_batch_size", 65, "batch"),
+    ("layers_per_stage", [16, 16, 0], "layers_per_stage"),  # pp*vpp = 2
+    ("layers_per_stage", [16, 17], "layers_per_stage"),  # the model has 32
+    ("recompute.layers_per_stage", [1], "recompute.layers_per_stage"),
+])
+def test_inconsistent_plans_are_rejected(path: str, value, where: str) -> None:
+    bad = _set(_base(), path, value)
+    assert plan_json_errors(bad) == []  # each field is fine on its own ...
+    errors = plan_consistency_errors(bad)  # ... but they contradict each other
+    assert errors and errors[0].startswith(f"{where}: "), errors
+    with pytest.raises(PlannerError) as exc:
+        validate_plan_json(bad, source="edited.json")
+    assert str(exc.value).startswith(f"edited.json: {where}: inconsistent plan: ")
+
+
+def test_consistency_checks_alternatives_and_passes_real_plans() -> None:
+    cfgs = [RunConfig(num_gpus=16, tp=t, pp=p, global_batch_size=64) for t, p in ((2, 1), (1, 2))]
+    plans = [Plan(L8B, H100.name, c, estimate(L8B, H100, c)) for c in cfgs]
+    d = json.loads(Plan(L8B, H100.name, cfgs[0], plans[0].estimate, alternatives=(plans[1],)).to_json())
+    assert plan_consistency_errors(d) == []
+    for args in ESTIMATE_ARGS:
+        assert plan_consistency_errors(_estimate_json(args)) == []
+    d["alternatives"][0]["num_gpus"] = 8
+    assert plan_consistency_errors(d) == ["alternatives[0].parallelism: tp*pp*cp*dp = 1*2*1*8 is not num_gpus = 8"]
+
+
+def test_export_and_explain_refuse_an_edited_inconsistent_plan(tmp_path: Path) -> None:
+    f = tmp_path / "edited.json"
+    f.write_text(json.dumps(_set(_base(), "num_gpus", 32)))
+    for args in (["export", str(f), "--to", "megatron"], ["explain", str(f)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and f"{f}: parallelism: inconsistent plan" in r.stderr, r.output
+        assert "Traceback" not in r.output

@@ -2,7 +2,8 @@
 
 ``plan.schema.json`` describes what :func:`planner.plan.plan_dict` produces (``planner plan --json``,
 ``planner estimate --json``), including ``alternatives`` and ``search`` when present. ``validate_plan_json`` checks a
-parsed document against it and raises a one-line ``PlannerError`` naming the first offending field.
+parsed document against it, and the relations between fields the schema cannot express, and raises a one-line
+``PlannerError`` naming the first offending field.
 """
 
 from __future__ import annotations
@@ -46,9 +47,37 @@ def plan_json_errors(d: Any) -> list[str]:
     return [f"{_where(e.absolute_path)}: {e.message}" for e in errors]
 
 
+def plan_consistency_errors(d: dict[str, Any], prefix: str = "") -> list[str]:
+    """Relations between fields a JSON Schema cannot express, for a document that already matches the schema:
+    the degrees multiply to the GPU count, the batch splits into the stated micro-batches, one layer count per
+    model chunk (summing to the model's layers when the spec is present). Same ``"<json path>: <message>"`` form."""
+    out = []
+    par, batch = d["parallelism"], d["batch"]
+    where = (lambda field: f"{prefix}.{field}" if prefix else field)
+    if par["tp"] * par["pp"] * par["cp"] * par["dp"] != d["num_gpus"]:
+        out.append(f"{where('parallelism')}: tp*pp*cp*dp = {par['tp']}*{par['pp']}*{par['cp']}*{par['dp']} is not "
+                   f"num_gpus = {d['num_gpus']}")
+    if par["dp"] * batch["micro_batch_size"] * batch["num_microbatches"] != batch["global_batch_size"]:
+        out.append(f"{where('batch')}: dp*micro_batch_size*num_microbatches = {par['dp']}*"
+                   f"{batch['micro_batch_size']}*{batch['num_microbatches']} is not global_batch_size = "
+                   f"{batch['global_batch_size']}")
+    chunks = par["pp"] * par["vpp"]
+    if len(d["layers_per_stage"]) != chunks:
+        out.append(f"{where('layers_per_stage')}: {len(d['layers_per_stage'])} entries, expected pp*vpp = {chunks}")
+    elif "model_spec" in d and sum(d["layers_per_stage"]) != d["model_spec"]["num_layers"]:
+        out.append(f"{where('layers_per_stage')}: sums to {sum(d['layers_per_stage'])}, the model has "
+                   f"{d['model_spec']['num_layers']} layers")
+    rec = d["recompute"].get("layers_per_stage")
+    if rec is not None and len(rec) != chunks:
+        out.append(f"{where('recompute.layers_per_stage')}: {len(rec)} entries, expected pp*vpp = {chunks}")
+    for i, alt in enumerate(d.get("alternatives", [])):
+        out += plan_consistency_errors(alt, where(f"alternatives[{i}]"))
+    return out
+
+
 def validate_plan_json(d: Any, source: str = "<plan>") -> None:
     """Raise ``PlannerError`` (exit code 2) naming the source and the first offending field if ``d`` is not a plan
-    document of this schema version."""
+    document of this schema version, or if its fields contradict each other (``plan_consistency_errors``)."""
     known = plan_schema()["$defs"]["plan"]["properties"]["schema_version"]["const"]
     if isinstance(d, dict) and "schema_version" in d and d["schema_version"] != known:
         raise PlannerError(f"schema_version {d['schema_version']!r} is not supported (this planner reads {known!r})",
@@ -61,6 +90,12 @@ def validate_plan_json(d: Any, source: str = "<plan>") -> None:
         raise PlannerError(f"does not match the plan schema: {e.message[:200]}{more}", source=source,
                            field=_where(e.absolute_path) if e.absolute_path else None,
                            fix="pass a file written by `planner plan --json` or `planner estimate --json`")
+    problems = plan_consistency_errors(d)
+    if problems:
+        field, _, message = problems[0].partition(": ")
+        raise PlannerError(f"inconsistent plan: {message}", source=source, field=field,
+                           fix="an edited plan must keep its derived fields in step; re-create it with "
+                               "`planner plan --json` or `planner estimate --json`")
 
 
-__all__ = ["SCHEMA_FILE", "plan_schema", "plan_json_errors", "validate_plan_json"]
+__all__ = ["SCHEMA_FILE", "plan_schema", "plan_json_errors", "plan_consistency_errors", "validate_plan_json"]
