@@ -273,6 +273,10 @@ def _check(result, code: int, fragments: list[str], files: dict[str, str]) -> No
     assert result.exit_code == code, f"exit {result.exit_code}, expected {code}: {out}"
     err = result.stderr
     assert err.strip(), "no error message on stderr"
+    ours = [line for line in err.splitlines() if line.startswith("error: ")]
+    if ours:  # the planner's own errors: one line holds the whole message (click's usage errors use a box)
+        assert len(ours) == 1, err
+        err = ours[0]
     for frag in fragments:
         assert _fill(frag, files) in err, f"{_fill(frag, files)!r} not in: {err}"
 
