@@ -125,7 +125,7 @@ def scenarios(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, se
     return [Scenario(*combo) for combo in itertools.product(ms, cs, ns, bs, ss)]
 
 
-def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 1,
+def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 0,
           objective: str = "time", max_memory_gib: float | None = None, launcher: str | None = None,
           processes: int | None = None, progress: bool | Callable[[int, int], None] = False,
           search: Callable[..., Any] | None = None) -> "Any":
@@ -137,7 +137,8 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     row with ``feasible = False`` and the reason in ``error``. ``launcher`` (megatron, torchtitan, deepspeed, nemo)
     restricts every search to what that launcher can run (``planner.export.plan_for_launcher``). ``processes``:
     worker processes (default: all cores once there are at least ``PARALLEL_MIN_SCENARIOS`` scenarios; 1 runs
-    in-process). ``progress``: True for a rich progress bar, or a callback ``(done, total)``. ``search``: the search function (default
+    in-process). ``progress``: True for a rich progress bar, or a callback ``(done, total)``. ``top_k``: runner-up
+    plans each search keeps (the row reports the best; 0 is fastest). ``search``: the search function (default
     ``planner.search.search_plans``; a replacement must be picklable to run in workers).
     """
     import pandas as pd

@@ -63,7 +63,7 @@ def sweep(
     global_batch: list[str] = typer.Option(None, "--global-batch", help="Global batch sizes in sequences"),
     seq_len: list[str] = typer.Option(["2048"], "--seq-len", help="Sequence lengths in tokens"),
     objective: str = typer.Option("time", "--objective", help="What the search optimizes (see `planner plan`)"),
-    top_k: int = typer.Option(1, "--top-k", help="Plans the search keeps per scenario (the best is reported)"),
+    top_k: int = typer.Option(0, "--top-k", help="Runner-up plans each search keeps (the best is reported)"),
     max_memory_gib: float = typer.Option(None, "--max-memory-gib", help="Memory cap per GPU in GiB"),
     launcher: str = typer.Option(None, "--launcher", help="Only plans this launcher runs: megatron | torchtitan | "
                                                           "deepspeed | nemo"),
@@ -81,8 +81,8 @@ def sweep(
     counts = int_values(gpus, "--gpus")
     batches = int_values(global_batch, "--global-batch")
     lengths = int_values(seq_len, "--seq-len")
-    if top_k < 1:
-        raise PlannerError(f"must be >= 1, got {top_k}", source="--top-k")
+    if top_k < 0:
+        raise PlannerError(f"must be >= 0, got {top_k}", source="--top-k")
     if jobs is not None and jobs < 1:
         raise PlannerError(f"must be >= 1, got {jobs}", source="--jobs")
     if quiet and csv is None:
