@@ -442,3 +442,80 @@ def test_launcher_restriction_never_beats_the_full_search():
         assert plan_for_launcher(*args, target).estimate.step_time_s >= best * (1 - 1e-9)
     with pytest.raises(PlannerError, match="unknown launcher"):
         plan_for_launcher(*args, "slurm")
+
+
+# ----- any valid configuration: a faithful export or a PlannerError, never anything else --------------------
+from hypothesis import HealthCheck, event, given, settings, strategies as st  # noqa: E402
+
+from planner.cost.validity import config_problems  # noqa: E402
+
+_MODELS = {name: load_model(name) for name in ("llama-3.1-8b", "gpt3-175b", "mixtral-8x7b")}
+_CLUSTER = load_cluster("h100-80gb-sxm")
+
+
+@st.composite
+def valid_configs(draw):
+    name = draw(st.sampled_from(sorted(_MODELS)))
+    model = _MODELS[name]
+    tp, pp, cp = draw(st.sampled_from([1, 2, 8])), draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2]))
+    dp = draw(st.sampled_from([1, 2, 4]))
+    ep = draw(st.sampled_from([1, 2])) if model.is_moe else 1
+    schedule = draw(st.sampled_from(sorted(SCHEDULES)))
+    vpp = 2 if getattr(SCHEDULES[schedule], "supports_vpp", False) else 1
+    mb = draw(st.sampled_from([1, 2]))
+    layers = None
+    if draw(st.booleans()) and pp * vpp > 1:  # an uneven split: move one layer from the last stage to the first
+        even = [model.num_layers // (pp * vpp)] * (pp * vpp)
+        even[-1] += model.num_layers - sum(even)
+        even[0], even[-1] = even[0] + 1, even[-1] - 1
+        layers = tuple(even)
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    cfg = RunConfig(num_gpus=tp * pp * cp * dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, schedule=schedule,
+                    global_batch_size=dp * mb * draw(st.sampled_from([4, 8, 16])), micro_batch_size=mb,
+                    seq_len=4096, cp_kind=draw(st.sampled_from(["ring", "ulysses"])), recompute=recompute,
+                    recompute_num_layers=draw(st.sampled_from([None, 1, 2])) if recompute == "full" else None,
+                    zero_stage=draw(st.sampled_from([0, 1, 2, 3])), sequence_parallel=tp > 1 and draw(st.booleans()),
+                    layers_per_stage=layers, tp_comm_overlap=draw(st.booleans()))
+    from hypothesis import assume
+    assume(not config_problems(model, _CLUSTER, cfg))
+    return config_only_plan(name, **{k: getattr(cfg, k) for k in (
+        "num_gpus", "tp", "pp", "cp", "ep", "vpp", "schedule", "global_batch_size", "micro_batch_size", "seq_len",
+        "cp_kind", "recompute", "recompute_num_layers", "zero_stage", "sequence_parallel", "layers_per_stage",
+        "tp_comm_overlap")})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(valid_configs())
+def test_every_valid_config_exports_faithfully_or_is_refused(plan):
+    par, batch = plan["parallelism"], plan["batch"]
+    for target in TARGETS:
+        try:
+            text = emit(plan, target)
+        except PlannerError as e:
+            assert f"{target} cannot run this plan" in str(e)  # a deliberate refusal, with its reason
+            event(f"{target} refused")
+            continue
+        event(f"{target} exported")
+        if target == "megatron":
+            kv = pairs(megatron.parse_rendered(text))
+            assert set(kv) <= MEGATRON_FLAGS
+            assert (kv["--tensor-model-parallel-size"], kv["--pipeline-model-parallel-size"],
+                    kv["--context-parallel-size"]) == (str(par["tp"]), str(par["pp"]), str(par["cp"]))
+            assert kv["--micro-batch-size"] == str(batch["micro_batch_size"])
+            if "--num-layers-per-virtual-pipeline-stage" in kv:
+                assert int(kv["--num-layers-per-virtual-pipeline-stage"]) * par["pp"] * par["vpp"] == \
+                    sum(plan["layers_per_stage"])
+            if "--pipeline-model-parallel-layout" in kv:
+                chunks = kv["--pipeline-model-parallel-layout"].split("|")
+                assert len(chunks) == par["pp"] * par["vpp"]
+        elif target == "torchtitan":
+            check_torchtitan(plan)
+        elif target == "deepspeed":
+            ds = json.loads(text)
+            assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * \
+                ds["gradient_accumulation_steps"] * par["dp"] == batch["global_batch_size"]
+        else:
+            strategy, ddp, overrides, _ = nemo_parts(text)
+            assert strategy["pipeline_model_parallel_size"] == par["pp"]
+            assert (strategy["virtual_pipeline_model_parallel_size"] or 1) == par["vpp"]
+            assert overrides["data.micro_batch_size"] == batch["micro_batch_size"]
