@@ -171,6 +171,9 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
     out = ["add data, tokenizer, optimizer and checkpoint arguments; the vocabulary size comes from the tokenizer"]
     if view.model is None:
         out.append("the plan has no model_spec: add the model shape arguments (--num-layers, --hidden-size, ...)")
+    if view.model is not None and view.model.is_mla:
+        out.append("multi-latent attention: also set --qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim from the "
+                   "model config")
     if not view.cfg.flash_attention:
         out.append("the plan assumes an unfused attention kernel (flash_attention = false)")
     return out
