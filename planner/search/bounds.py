@@ -23,10 +23,12 @@ with the same total split unevenly (1F1B: (m - 1) max t + sum t, Narayanan et al
 Plus the optimizer step, which reads and writes each local parameter's states once
 (``step.ADAM_BYTES_PER_PARAM`` bytes over HBM).
 
-Memory. The first and the last pipeline rank each hold their model states (Rajbhandari et al. 2020: 2 + 2 + 12
-bytes per parameter, sharded by ZeRO stage over DP x CP) and their in-flight activations (the schedule's
-``inflight`` micro-batches times the per-layer bytes of ``memory.activation_bytes_per_layer``, Korthikanti et al.
-2022 Table 2). The bound leaves out workspace and ZeRO-3 gather buffers, which only add.
+Memory. Each checked pipeline rank (rank 0, rank p-1, the ones with the most layers and, for MoE models, the most
+MoE layers) holds its model states (Rajbhandari et al. 2020: 2 + 2 + 12 bytes per parameter, sharded by ZeRO stage
+over DP x CP, plus ZeRO-3's two gathered layers), its in-flight activations (the schedule's ``inflight``
+micro-batches times the per-layer bytes of ``memory.activation_bytes_per_layer``, Korthikanti et al. 2022 Table 2)
+and a floor of its workspace (CP buffers; the layer being recomputed under full recomputation; the LM head's
+logits on the rank holding it).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import numpy as np
 from planner.cost import comm
 from planner.cost.compute import ACT_BYTES, embedding_ops, head_ops, pass_times
 from planner.cost.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_activation_bytes,
-                                 embedding_params, expert_params_per_layer, head_params, layer_params, norm_params)
+                                 embedding_params, expert_params_per_layer, head_activation_bytes, head_params,
+                                 layer_params, norm_params)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import ADAM_BYTES_PER_PARAM, _layer_cost
 from planner.search import layer_table
@@ -55,6 +58,9 @@ GRAD_REDUCE_BYTES = RunConfig(num_gpus=1).grad_reduce_bytes
 
 #: pipeline ranks whose memory the bounds check (see GroupTables.rank_layers)
 RANK_PICKS = 4
+#: further ranks checked for MoE models: the most MoE layers times in-flight micro-batches, and the most MoE layers
+#: (with leading dense layers, rank 0 holds fewer experts than the others)
+MOE_RANK_PICKS = 2
 
 
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -85,8 +91,9 @@ class GroupTables:
     full_s: np.ndarray  # extra time of full recomputation of every layer (its forward again, with comm)
     layer_full_min_s: np.ndarray  # that extra time for the cheapest single layer (dense or MoE)
     factor: np.ndarray  # schedule time with p equal ranks of unit time, smallest over the F / B / W corner splits
-    #: four pipeline ranks whose memory the bound checks (columns): rank 0, rank p-1, the rank with the most
-    #: layers x in-flight micro-batches and the rank with the most layers; for each, under the even split:
+    #: pipeline ranks whose memory the bound checks (columns): rank 0, rank p-1, the rank with the most layers x
+    #: in-flight micro-batches, the rank with the most layers and, for MoE models, the same two by MoE layers;
+    #: for each, under the even split:
     rank_layers: np.ndarray  # layers on the rank (all its chunks)
     rank_moe: np.ndarray  # of which MoE layers
     rank_emb: np.ndarray  # 1 where the rank holds the first chunk (embedding)
@@ -97,6 +104,7 @@ class GroupTables:
     act_full_bytes: np.ndarray
     act_kept_bytes: np.ndarray  # (groups, 4): per dense / MoE layer without recomputation, then with selective
     act_embedding_bytes: np.ndarray
+    head_act_bytes: np.ndarray  # LM head logits of one micro-batch (memory.head_activation_bytes)
     cp_buffer_bytes: np.ndarray  # CP communication buffers (a floor of the workspace)
     dense_params_per_layer: np.ndarray  # per dense layer on one GPU, after TP (ZeRO shards it over DP x CP)
     expert_params_per_layer: np.ndarray  # experts of an MoE layer on one GPU, after TP and EP
@@ -125,15 +133,13 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
     # point-to-point each per micro-batch (step.estimate folds them into F and B); Megatron's scatter/gather sends
     # 1/tp of it (Narayanan et al. 2021 Sec. 4.1), the smallest message step.estimate uses
-    p2p = np.zeros(len(tp))
-    piped = np.flatnonzero(pp > 1)
-    if len(piped):
-        uniq, inv_p = _unique_rows(tp[piped], cp[piped], space.dp[piped], pp[piped], ep[piped], mb[piped])
-        vals = np.empty(len(uniq))
-        for u, (t, c, d, p, e, b) in enumerate(uniq.tolist()):
-            link = comm.groups_for(cluster, t, c, d, p, e).pp_link
-            vals[u] = comm.p2p_s(link, b * space.seq_len / c * model.hidden_size * ACT_BYTES / t)
-        p2p[piped] = vals[inv_p]
+    # (the link as comm.groups_for picks it: NVLink while two consecutive stages share a node, else the NIC; the
+    # time as comm.p2p_s: M / beta + alpha)
+    across = space.dp * tp * cp * 2 > cluster.gpus_per_node
+    link_bw = np.where(across, cluster.inter_node.bus_bandwidth_bytes_per_s,
+                       cluster.intra_node.bus_bandwidth_bytes_per_s)
+    link_lat = np.where(across, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
+    p2p = np.where(pp > 1, mb * space.seq_len / cp * model.hidden_size * ACT_BYTES / tp / link_bw + link_lat, 0.0)
     sends = pp * vpp * p2p  # whole pipeline, one direction, one micro-batch
     t_["fwd"] = t_["fwd"] + sends
     t_["bwd_in"] = t_["bwd_in"] + sends
@@ -141,7 +147,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     L = model.num_layers
     uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
     factor = np.empty(len(uniq))
-    picks = {k: np.zeros((len(uniq), RANK_PICKS)) for k in ("n", "nm", "emb", "head", "infl")}
+    n_picks = RANK_PICKS + (MOE_RANK_PICKS if n_moe else 0)
+    picks = {k: np.zeros((len(uniq), n_picks)) for k in ("n", "nm", "emb", "head", "infl")}
     for u, (si, p, m, v) in enumerate(uniq.tolist()):
         sched = SCHEDULES[space.schedules[si]]
         ones, zeros = [1.0] * p, [0.0] * p
@@ -151,6 +158,9 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         infl = [sched.inflight(p, m, v, r) for r in range(p)]
         n = [a + b for a, b in zip(nd, nm)]
         ranks = (0, p - 1, max(range(p), key=lambda r: (n[r] * infl[r], -r)), max(range(p), key=lambda r: (n[r], -r)))
+        if n_moe:  # the ranks with the most MoE layers (in flight), whose experts dominate their memory
+            ranks += (max(range(p), key=lambda r: (nm[r] * infl[r], n[r] * infl[r], -r)),
+                      max(range(p), key=lambda r: (nm[r], n[r], -r)))
         for col, r in enumerate(ranks):
             picks["n"][u, col], picks["nm"][u, col], picks["infl"][u, col] = n[r], nm[r], infl[r]
             picks["emb"][u, col], picks["head"][u, col] = emb[r], head[r]
@@ -178,7 +188,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         act_kept_bytes=np.stack([t_[k] for k in ("act_none_d", "act_none_m", "act_sel_d", "act_sel_m")], axis=1),
         moe_params_per_layer=moe_dense, largest_layer_params=np.stack(np.broadcast_arrays(largest_d, largest_m),
                                                                       axis=1),
-        act_embedding_bytes=t_["act_emb"], cp_buffer_bytes=t_["cp_buf"],
+        act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=embedding_params(model, space.seq_len) / tp, head_params=head_p,
         dp_shard=dp_shard, expert_dp_shard=np.maximum(1, dp_shard // ep), dense_layers=n_dense,
@@ -190,7 +200,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
 #: per-key quantities of ``_layer_tables``
 _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none", "act_sel", "act_full", "act_emb",
                 "cp_buf", "fd", "bd", "wd", "fm", "bm", "wm", "emb_f", "emb_w", "head_f", "head_b", "head_w",
-                "act_none_d", "act_none_m", "act_sel_d", "act_sel_m")
+                "act_none_d", "act_none_m", "act_sel_d", "act_sel_m", "head_act")
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int, uniq: np.ndarray) -> dict[str, np.ndarray]:
@@ -244,6 +254,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int, uniq: np.nda
     tab["bwd_in"] = tab["bwd_in"] + ends["head_bwd_input_s"]
     tab["bwd_w"] = tab["bwd_w"] + (ends["emb_bwd_s"] + ends["head_bwd_weight_s"])
     tab["act_emb"] = ends["act_emb_bytes"]
+    tab["head_act"] = ends["head_act_bytes"]
     return tab
 
 
@@ -297,6 +308,7 @@ def _layer_tables_scalar(model: ModelSpec, cluster: Cluster, seq_len: int,
         tab["bwd_in"][u] += head.bwd_input_s
         tab["bwd_w"][u] += emb.bwd_s + head.bwd_weight_s
         tab["act_emb"][u] = embedding_activation_bytes(model, cfg)
+        tab["head_act"][u] = head_activation_bytes(model, cfg)
     return tab
 
 
@@ -481,12 +493,12 @@ def _local_params(t: GroupTables, g, n_layers, n_moe, extra_dense):
 
 
 def _end_ranks(space: Space, t: GroupTables, g):
-    """(layers, MoE layers, extra dense parameters, holds the embedding, in-flight micro-batches) of the ranks the
-    bounds check (``GroupTables.rank_*``), rank 0 first."""
-    for col in range(RANK_PICKS):
+    """(layers, MoE layers, extra dense parameters, holds the embedding, in-flight micro-batches, holds the LM head)
+    of the ranks the bounds check (``GroupTables.rank_*``), rank 0 first."""
+    for col in range(t.rank_layers.shape[1]):
         emb, head = t.rank_emb[g, col], t.rank_head[g, col]
         yield (t.rank_layers[g, col], t.rank_moe[g, col], emb * t.embedding_params[g] + head * t.head_params[g],
-               emb > 0, t.rank_inflight[g, col])
+               emb > 0, t.rank_inflight[g, col], head > 0)
 
 
 def _end_ranks_of(t: GroupTables, g: int) -> list[tuple[float, float, float]]:
@@ -515,7 +527,7 @@ def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     """The optimizer step reads and writes the states of the parameters a GPU updates (sharded from ZeRO-1 on)."""
     g, z = rows.group, rows.zero
     out = np.zeros(len(g))
-    for n, nm, extra, _, _ in _end_ranks(space, t, g):
+    for n, nm, extra, _, _, _ in _end_ranks(space, t, g):
         dense, expert = _local_params(t, g, n, nm, extra)
         local = np.where(z >= 1, dense / t.dp_shard[g] + expert / t.expert_dp_shard[g], dense + expert)
         out = np.maximum(out, local * t.optimizer_s_per_param)
@@ -553,26 +565,50 @@ def _activation_bytes(t: GroupTables, g: np.ndarray, rec: np.ndarray, n_layers: 
     return full * t.act_full_bytes[g] + kept
 
 
+def _workspace_bytes(t: GroupTables, g, rec, holds_head) -> np.ndarray:
+    """Floor of a rank's workspace, the largest of the transient buffers ``step.estimate`` charges it: the CP
+    buffers; with full recomputation (on all or on the first k >= 1 layers of each chunk, so on some layer of
+    every chunk) the activations of the layer being recomputed (the cheaper layer kind's); on the rank holding the
+    LM head its logits (``memory.head_activation_bytes``)."""
+    full = (rec == REC_FULL_ALL) | (rec >= REC_FULL_K)
+    ws = np.maximum(t.cp_buffer_bytes[g], np.where(full, t.act_none_bytes[g], 0.0))
+    return np.maximum(ws, np.where(holds_head, t.head_act_bytes[g], 0.0))
+
+
 def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
-    """Lower bound on the peak memory: the larger of ranks 0 and p-1; of the workspace only the CP buffers."""
+    """Lower bound on the peak memory: the largest over the checked ranks of model states, activations and the
+    workspace floor."""
     g, z, rec = rows.group, rows.zero, rows.rec
     vpp = space.col("vpp")[g]
     out = np.zeros(len(g))
-    for n, nm, extra, has_emb, inflight in _end_ranks(space, t, g):
+    for n, nm, extra, has_emb, inflight, has_head in _end_ranks(space, t, g):
         acts = _activation_bytes(t, g, rec, n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0)
-        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra) + acts * inflight)
-    return out + t.cp_buffer_bytes[g]
+        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra) + acts * inflight +
+                         _workspace_bytes(t, g, rec, has_head))
+    return out
 
 
 def group_memory_bound(space: Space, t: GroupTables) -> np.ndarray:
     """Lower bound on the peak memory of every row of each group: the least row bound over the recomputation modes
     (partial recomputation lies between none and full) and the ZeRO stages that can be smallest (the largest
-    stage up to 2, which shards more with each stage, and 3, which shards the weights but holds gathered layers)."""
-    g = np.arange(len(space.groups))
+    stage up to 2, which shards more with each stage, and 3, which shards the weights but holds gathered layers).
+    Each rank's states (per ZeRO stage) and activations (per recomputation mode) are computed once and combined."""
+    g = slice(None)
+    n_groups = len(space.groups)
+    vpp = space.col("vpp")
     zeros = {max([z for z in space.zero_stages if z <= 2], default=None), 3 if 3 in space.zero_stages else None}
-    best = np.full(len(g), np.inf)
-    for z in sorted(x for x in zeros if x is not None):
-        for code in space.rec_codes:
-            rows = Rows(g, np.full(len(g), z, dtype=np.int64), np.full(len(g), code, dtype=np.int64))
-            best = np.minimum(best, row_memory_bound(space, t, rows))
+    zeros = sorted(x for x in zeros if x is not None)
+    states, acts = [], []
+    for n, nm, extra, has_emb, inflight, has_head in _end_ranks(space, t, g):
+        states.append([_states_bytes(t, g, np.int64(z), n, nm, extra) for z in zeros])
+        emb = np.where(has_emb, t.act_embedding_bytes, 0.0)
+        acts.append([(_activation_bytes(t, g, np.int64(code), n, nm, vpp) + emb) * inflight +
+                     _workspace_bytes(t, g, np.int64(code), has_head) for code in space.rec_codes])
+    best = np.full(n_groups, np.inf)
+    for zi in range(len(zeros)):
+        for ci in range(len(space.rec_codes)):
+            out = np.zeros(n_groups)
+            for s_rank, a_rank in zip(states, acts):
+                out = np.maximum(out, s_rank[zi] + a_rank[ci])
+            best = np.minimum(best, out)
     return np.where(np.isfinite(best), best, 0.0)

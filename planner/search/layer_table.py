@@ -333,7 +333,8 @@ def _activation_bytes(model: ModelSpec, tokens: np.ndarray, t: np.ndarray, sp_t:
 def end_costs(model: ModelSpec, cluster: Cluster, seq_len: int, tp: np.ndarray, cp: np.ndarray, mb: np.ndarray,
               sp: np.ndarray) -> dict[str, np.ndarray]:
     """``pass_times`` of ``embedding_ops`` and ``head_ops`` and ``embedding_activation_bytes``, per key:
-    ``emb_fwd_s``, ``emb_bwd_s``, ``head_fwd_s``, ``head_bwd_input_s``, ``head_bwd_weight_s``, ``act_emb_bytes``."""
+    ``emb_fwd_s``, ``emb_bwd_s``, ``head_fwd_s``, ``head_bwd_input_s``, ``head_bwd_weight_s``, ``act_emb_bytes`` and ``head_activation_bytes``'s
+    ``head_act_bytes``."""
     t = np.asarray(tp, dtype=np.int64)
     c = np.asarray(cp, dtype=np.int64)
     b = np.asarray(mb, dtype=np.int64)
@@ -347,4 +348,5 @@ def end_costs(model: ModelSpec, cluster: Cluster, seq_len: int, tp: np.ndarray, 
     head.memory(LOGIT_BYTES * (T * V / t) * 3, 1.0, 0.0)
     return {"emb_fwd_s": emb.fwd, "emb_bwd_s": emb.bwd_in + emb.bwd_w, "head_fwd_s": head.fwd,
             "head_bwd_input_s": head.bwd_in, "head_bwd_weight_s": head.bwd_w,
-            "act_emb_bytes": T * h * (3 if model.dropout else 2) / sp_t}
+            "act_emb_bytes": T * h * (3 if model.dropout else 2) / sp_t,
+            "head_act_bytes": T * (2 * h / sp_t + (2 + LOGIT_BYTES) * V / t)}
