@@ -27,12 +27,12 @@ class Plan:
     alternatives: tuple["Plan", ...] = field(default=())
     search: dict[str, Any] | None = None
 
-    def to_dict(self, *, with_stages: bool = True, with_model: bool = True) -> dict[str, Any]:
+    def to_dict(self, *, with_stages: bool = True, with_model: bool = True, timings: bool = False) -> dict[str, Any]:
         return plan_dict(self.model, self.cluster_name, self.config, self.estimate, alternatives=self.alternatives,
-                         search=self.search, with_stages=with_stages, with_model=with_model)
+                         search=self.search, with_stages=with_stages, with_model=with_model, timings=timings)
 
-    def to_json(self) -> str:
-        return dumps(self.to_dict())
+    def to_json(self, *, timings: bool = False) -> str:
+        return dumps(self.to_dict(timings=timings))
 
 
 def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
@@ -60,8 +60,14 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
     }
 
 
+#: search statistics that measure this machine, not the search: left out of the JSON unless asked for, so that the
+#: same request always gives byte-identical output
+TIMING_KEYS = ("time_s", "cpu_s", "candidates_per_s")
+
+
 def plan_dict(model: ModelSpec, cluster_name: str, cfg: RunConfig, est: Estimate, *, alternatives=(),
-              search: dict | None = None, with_stages: bool = True, with_model: bool = True) -> dict[str, Any]:
+              search: dict | None = None, with_stages: bool = True, with_model: bool = True,
+              timings: bool = False) -> dict[str, Any]:
     d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "model": model.name, "cluster": cluster_name}
     d.update(config_fields(model, cfg))
     d["estimate"] = est.to_dict(with_stages=with_stages)
@@ -70,7 +76,7 @@ def plan_dict(model: ModelSpec, cluster_name: str, cfg: RunConfig, est: Estimate
     if alternatives:
         d["alternatives"] = [a.to_dict(with_stages=False, with_model=False) for a in alternatives]
     if search is not None:
-        d["search"] = search
+        d["search"] = {k: v for k, v in search.items() if timings or k not in TIMING_KEYS}
     return d
 
 

@@ -17,7 +17,7 @@ BASE = ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus
 
 @pytest.fixture(scope="module")
 def plan_json() -> dict:
-    r = runner.invoke(app, BASE + ["--json", "--top", "2"])
+    r = runner.invoke(app, BASE + ["--json", "--timings", "--top", "2"])
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 

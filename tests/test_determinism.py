@@ -34,16 +34,7 @@ PLAN = ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus
         "--top", "3", "--json"]
 
 
-#: search statistics that measure the machine, not the plan
-WALL_CLOCK_KEYS = ("time_s", "cpu_s", "candidates_per_s")
-
-
-def _without_wall_clock(out: str) -> str:
-    """The JSON text with the search's wall-clock statistics removed (the rest re-dumped the planner's way)."""
-    d = json.loads(out)
-    for key in WALL_CLOCK_KEYS:
-        d.get("search", {}).pop(key, None)
-    return json.dumps(d, indent=2, sort_keys=True) + "\n"
+from planner.plan import TIMING_KEYS as WALL_CLOCK_KEYS  # search statistics that measure the machine
 
 
 def _invoke(args: list[str]) -> str:
@@ -82,7 +73,7 @@ def test_same_input_same_bytes_in_process(args: list[str]) -> None:
 def test_plan_same_bytes_in_process(plan_runs: tuple[str, str]) -> None:
     first, again = plan_runs
     assert json.loads(first)["schema_version"] and json.loads(first)["alternatives"]
-    assert _without_wall_clock(again) == _without_wall_clock(first)
+    assert again == first
     assert first == json.dumps(json.loads(first), indent=2, sort_keys=True) + "\n"  # canonical as printed
 
 
@@ -92,22 +83,19 @@ def test_estimate_same_bytes_across_processes_and_hash_seeds() -> None:
 
 
 def test_plan_same_bytes_across_processes_and_hash_seeds(plan_runs: tuple[str, str]) -> None:
-    outputs = {_without_wall_clock(_subprocess(PLAN, seed)) for seed in ("0", "12345")}
-    assert outputs == {_without_wall_clock(plan_runs[0])}
+    outputs = {_subprocess(PLAN, seed) for seed in ("0", "12345")}
+    assert outputs == {plan_runs[0]}
 
 
-def test_plan_json_differs_only_in_wall_clock_statistics(plan_runs: tuple[str, str]) -> None:
-    a, b = (json.loads(r) for r in plan_runs)
-    differing = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
-    assert differing <= {"search"}
-    sa, sb = a.get("search", {}), b.get("search", {})
-    assert {k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k)} <= set(WALL_CLOCK_KEYS)
-
-
-@pytest.mark.xfail(strict=True, reason="plan --json includes wall-clock search statistics (search.time_s, cpu_s, "
-                                       "candidates_per_s); planner.plan.plan_dict should leave them out of the JSON")
 def test_plan_json_is_byte_identical_including_search_statistics(plan_runs: tuple[str, str]) -> None:
     assert plan_runs[0] == plan_runs[1]
+    assert not set(json.loads(plan_runs[0])["search"]) & set(WALL_CLOCK_KEYS)
+
+
+def test_plan_timings_flag_adds_the_wall_clock_statistics() -> None:
+    d = json.loads(_invoke(PLAN + ["--timings"]))
+    assert set(WALL_CLOCK_KEYS) <= set(d["search"])
+    assert d["search"]["time_s"] > 0
 
 
 def test_json_is_canonical() -> None:

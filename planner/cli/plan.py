@@ -107,6 +107,8 @@ def plan(
     max_memory_gib: float = typer.Option(None, "--max-memory-gib", help="Cap on memory per GPU, GiB"),
     no_partition: bool = typer.Option(False, "--even-split", help="Keep layers split evenly (skip the partition DP)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
+    timings: bool = typer.Option(False, "--timings", help="With --json: add the search's wall and CPU time "
+                                                          "(these vary from run to run; the rest is byte-identical)"),
     emit: str = typer.Option(None, "--emit", help="Also write a launcher config: megatron | torchtitan | deepspeed | "
                                                   "nemo (the search then covers only what it runs)"),
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
@@ -134,7 +136,7 @@ def plan(
 
         write_export(result.to_dict(), emit, out, source="plan", option="--emit")
     if json_out:
-        typer.echo(result.to_json(), nl=False)
+        typer.echo(result.to_json(timings=timings), nl=False)
         return
     if emit is not None and out is None:
         return  # the launcher config went to stdout
