@@ -144,6 +144,9 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     import pandas as pd
 
     jobs_list = scenarios(models, clusters, gpus, global_batch_sizes, seq_lens)
+    from planner.search.engine import check_search_options
+
+    check_search_options(objective, top_k, max_memory_gib)  # a bad option fails once, not in every row
     search_kw: dict[str, Any] = {"top_k": top_k, "objective": objective}
     if max_memory_gib is not None:
         search_kw["max_memory_gib"] = max_memory_gib

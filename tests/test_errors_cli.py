@@ -341,3 +341,28 @@ def test_hugging_face_model_directory_is_read(files: dict[str, str]) -> None:
     empty.mkdir(exist_ok=True)
     _check(_run(["estimate", "--model", str(empty), "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch",
                  "64"], files), 2, [str(empty), "directory"], files)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--objective", "cost"], "--objective"),
+    (["--max-memory-gib", "-1"], "--max-memory-gib"),
+])
+def test_sweep_rejects_bad_search_options_before_running(extra, needle):
+    r = CliRunner().invoke(app, ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
+                                 "--global-batch", "64", *extra])
+    assert r.exit_code == 2
+    assert needle in r.stderr and "Traceback" not in r.output
+
+
+def test_export_and_explain_refuse_a_plan_file_that_breaks_a_rule(tmp_path):
+    r = CliRunner().invoke(app, ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "24",
+                                 "--tp", "8", "--global-batch", "24", "--json"])
+    d = json.loads(r.stdout)
+    d["parallelism"].update(tp=3, dp=8)
+    d["batch"]["num_microbatches"] = 3  # consistent arithmetic, but 32 heads do not split over tp 3
+    f = tmp_path / "edited.json"
+    f.write_text(json.dumps(d))
+    for args in (["export", str(f), "--to", "megatron"], ["explain", str(f)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, args
+        assert "parallelism.tp" in r.stderr and str(f) in r.stderr and "Traceback" not in r.output

@@ -74,6 +74,7 @@ def sweep(
     """Sweep scenarios (Cartesian product of the options) and report the best plan of each, e.g.
     ``planner sweep --model llama-3.1-70b --cluster h100-80gb-sxm,a100-80gb-sxm --gpus 64,128 --global-batch 512
     --seq-len 4096,8192 --csv out.csv``."""
+    from planner.search.engine import check_search_options
     from planner.sweep import sweep as run_sweep
 
     models = split_values(model, "--model")
@@ -83,6 +84,7 @@ def sweep(
     lengths = int_values(seq_len, "--seq-len")
     if top_k < 0:
         raise PlannerError(f"must be >= 0, got {top_k}", source="--top-k")
+    check_search_options(objective, top_k, max_memory_gib)
     if jobs is not None and jobs < 1:
         raise PlannerError(f"must be >= 1, got {jobs}", source="--jobs")
     if quiet and csv is None:

@@ -96,6 +96,43 @@ def validate_plan_json(d: Any, source: str = "<plan>") -> None:
         raise PlannerError(f"inconsistent plan: {message}", source=source, field=field,
                            fix="an edited plan must keep its derived fields in step; re-create it with "
                                "`planner plan --json` or `planner estimate --json`")
+    rule = plan_rule_error(d)
+    if rule:
+        field, message = rule
+        raise PlannerError(f"breaks a validity rule: {message}", source=source, field=field,
+                           fix="re-create the plan with `planner plan --json` or `planner estimate --json`")
 
 
-__all__ = ["SCHEMA_FILE", "plan_schema", "plan_json_errors", "plan_consistency_errors", "validate_plan_json"]
+#: config_problems names options the way the CLI spells them; in a plan file they are these JSON fields
+_RULE_FIELDS = {
+    "tp": "parallelism.tp", "pp": "parallelism.pp", "cp": "parallelism.cp", "ep": "parallelism.ep",
+    "vpp": "parallelism.vpp", "zero": "parallelism.zero_stage", "gpus": "num_gpus", "num_gpus": "num_gpus",
+    "global-batch": "batch.global_batch_size", "global_batch_size": "batch.global_batch_size",
+    "micro_batch_size": "batch.micro_batch_size", "seq_len": "batch.seq_len", "recompute": "recompute.mode",
+    "recompute_layers_per_stage": "recompute.layers_per_stage",
+}
+
+
+def plan_rule_error(d: dict[str, Any]) -> tuple[str, str] | None:
+    """The first validity rule (``planner.cost.validity.config_problems``) the plan's configuration breaks, as
+    (JSON field, message), or None. Needs the plan's ``model_spec`` and a cluster this planner knows; without them
+    the rules that need them cannot be checked here (``explain`` re-estimates and checks them then)."""
+    from planner.cost.validity import config_problems
+    from planner.plan import config_from_dict, model_from_plan_dict
+    from planner.specs.hardware import load_cluster
+
+    if "model_spec" not in d:
+        return None
+    try:
+        cluster = load_cluster(str(d["cluster"]))
+    except PlannerError:
+        return None
+    problems = config_problems(model_from_plan_dict(d), cluster, config_from_dict(d))
+    if not problems:
+        return None
+    option, message = problems[0]
+    return _RULE_FIELDS.get(option, option), message
+
+
+__all__ = ["SCHEMA_FILE", "plan_schema", "plan_json_errors", "plan_consistency_errors", "plan_rule_error",
+           "validate_plan_json"]

@@ -121,6 +121,16 @@ class _TopK:
         return [c for _, c in self.items]
 
 
+def check_search_options(objective: str, top: int, max_memory_gib: float | None) -> None:
+    """The options of a search that do not depend on the model: objective, runner-up count, memory cap."""
+    if objective not in OBJECTIVES:
+        raise PlannerError(f"unknown objective '{objective}'", source="--objective", fix="use time or memory")
+    if top < 0:
+        raise PlannerError(f"must be >= 0, got {top}", source="--top")
+    if max_memory_gib is not None and not max_memory_gib > 0:
+        raise PlannerError(f"must be > 0, got {max_memory_gib}", source="--max-memory-gib")
+
+
 def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int, *,
            objective: str = "time", top: int = 3, max_memory_gib: float | None = None,
            space: SearchSpace = SearchSpace(), refine_partition: bool = True) -> SearchResult:
@@ -128,15 +138,10 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
 
     Raises InfeasibleError (with the reason and the nearest change that would work) when nothing fits.
     """
-    if objective not in OBJECTIVES:
-        raise PlannerError(f"unknown objective '{objective}'", source="--objective", fix="use time or memory")
+    check_search_options(objective, top, max_memory_gib)
     for name, value in (("--gpus", num_gpus), ("--global-batch", global_batch), ("--seq-len", seq_len)):
         if value < 1:
             raise PlannerError(f"must be >= 1, got {value}", source=name)
-    if top < 0:
-        raise PlannerError(f"must be >= 0, got {top}", source="--top")
-    if max_memory_gib is not None and not max_memory_gib > 0:
-        raise PlannerError(f"must be > 0, got {max_memory_gib}", source="--max-memory-gib")
     if cluster.max_gpus and num_gpus > cluster.max_gpus:
         raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
                            fix=f"use --gpus <= {cluster.max_gpus}")
