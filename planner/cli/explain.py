@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.cli.app import app, console, err, handle_errors
-from planner.cli.render import TIME_LABELS, config_line
+from planner.cli.render import TIME_LABELS, config_line, summary_table
 from planner.cost.step import estimate
 from planner.errors import PlannerError
 from planner.plan import config_from_dict, model_from_plan_dict
@@ -68,19 +68,6 @@ def time_chart(est: dict[str, Any], width: int) -> Table:
     t.add_column("")
     for key, label, s in time_components(est):
         t.add_row(label, f"{s:.3f}", f"{100 * s / step:.1f}%", Text(bar(abs(s) / step, width), style=COLORS[key]))
-    return t
-
-
-def summary_table(est: dict[str, Any]) -> Table:
-    t = Table(title="Estimate", show_header=False)
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    t.add_row("step time", f"{est['step_time_s']:.3f} s")
-    t.add_row("throughput", f"{est['tokens_per_s']:,.0f} tokens/s")
-    t.add_row("model TFLOP/s per GPU", f"{est['tflops_per_gpu']:.1f}")
-    t.add_row("MFU / HFU", f"{100 * est['mfu']:.1f}% / {100 * est['hfu']:.1f}%")
-    t.add_row("peak memory", f"{est['peak_memory_gib']:.1f} GiB of {est['memory_limit_gib']:.1f} GiB usable")
-    t.add_row("fits", "[green]yes[/]" if est["fits"] else "[red]NO[/]")
     return t
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -36,16 +38,17 @@ def config_line(cfg: RunConfig) -> str:
     return ", ".join(parts)
 
 
-def summary_table(est: Estimate, title: str = "Estimate") -> Table:
+def summary_table(est: dict[str, Any], title: str = "Estimate") -> Table:
+    """The headline figures of an estimate, from its JSON form (``Estimate.to_dict`` or a plan file's)."""
     t = Table(title=title, show_header=False)
     t.add_column("metric")
     t.add_column("value", justify="right")
-    t.add_row("step time", f"{est.step_time_s:.3f} s")
-    t.add_row("throughput", f"{est.tokens_per_s:,.0f} tokens/s")
-    t.add_row("model TFLOP/s per GPU", f"{est.tflops_per_gpu:.1f}")
-    t.add_row("MFU / HFU", f"{100 * est.mfu:.1f}% / {100 * est.hfu:.1f}%")
-    t.add_row("peak memory", f"{est.peak_memory_gib:.1f} GiB of {est.memory_limit_bytes / GIB:.1f} GiB usable")
-    t.add_row("fits", "[green]yes[/]" if est.fits else "[red]NO[/]")
+    t.add_row("step time", f"{est['step_time_s']:.3f} s")
+    t.add_row("throughput", f"{est['tokens_per_s']:,.0f} tokens/s")
+    t.add_row("model TFLOP/s per GPU", f"{est['tflops_per_gpu']:.1f}")
+    t.add_row("MFU / HFU", f"{100 * est['mfu']:.1f}% / {100 * est['hfu']:.1f}%")
+    t.add_row("peak memory", f"{est['peak_memory_gib']:.1f} GiB of {est['memory_limit_gib']:.1f} GiB usable")
+    t.add_row("fits", "[green]yes[/]" if est["fits"] else "[red]NO[/]")
     return t
 
 
@@ -84,6 +87,6 @@ def stage_table(est: Estimate) -> Table:
 def print_estimate(console: Console, est: Estimate, cfg: RunConfig, header: str) -> None:
     console.print(f"[bold]{header}[/]")
     console.print(config_line(cfg))
-    console.print(summary_table(est))
+    console.print(summary_table(est.to_dict(with_stages=False)))
     console.print(time_table(est))
     console.print(stage_table(est))
