@@ -28,7 +28,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show Python traceba
 
 
 def console() -> Console:
-    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 def err(message: str) -> None:
