@@ -215,7 +215,7 @@ def test_layer_table_equals_the_scalar_layer_cost(model_name, cluster_name):
     EP inside and across nodes), so the replica cannot drift from the cost model."""
     from planner.cost import comm
     from planner.cost.compute import embedding_ops, head_ops, pass_times
-    from planner.cost.memory import embedding_activation_bytes
+    from planner.cost.memory import embedding_activation_bytes, head_activation_bytes
     from planner.cost.step import _layer_cost
     from planner.search import layer_table
     from planner.specs.config import CP_KINDS, RunConfig
@@ -242,9 +242,9 @@ def test_layer_table_equals_the_scalar_layer_cost(model_name, cluster_name):
                 emb, head = pass_times(embedding_ops(model, cfg), cluster.gpu), pass_times(head_ops(model, cfg),
                                                                                           cluster.gpu)
                 want = [emb.fwd_s, emb.bwd_s, head.fwd_s, head.bwd_input_s, head.bwd_weight_s,
-                        embedding_activation_bytes(model, cfg)]
+                        embedding_activation_bytes(model, cfg), head_activation_bytes(model, cfg)]
                 got = [ends[f][i] for f in ("emb_fwd_s", "emb_bwd_s", "head_fwd_s", "head_bwd_input_s",
-                                            "head_bwd_weight_s", "act_emb_bytes")]
+                                            "head_bwd_weight_s", "act_emb_bytes", "head_act_bytes")]
                 np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=f"{model_name} {cfg}")
 
 
@@ -260,3 +260,33 @@ def test_group_layer_tables_equal_the_scalar_composition():
     assert vec.keys() == ref.keys()
     for name in ref:
         np.testing.assert_allclose(vec[name], ref[name], rtol=1e-12, atol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("model_name,cluster_name,n,batch,seq", [
+    ("mixtral-8x7b", "h100-80gb-sxm", 64, 256, 4096),  # MoE: EP groups, six checked ranks
+    ("llama-3.1-8b", "a100-80gb-sxm", 128, 256, 8192),  # dense, every schedule incl. interleaved and ZB-V
+])
+def test_vectorized_group_bounds_equal_the_per_group_ones(model_name, cluster_name, n, batch, seq):
+    """The engine's batch bounds (``refined_group_bounds``, ``group_floors``, ``floored_group_bound``, the memory
+    bound of a subset) equal the per-group functions they vectorize, on 1,500 random groups of the space."""
+    from planner.search.bounds import (_optimizer_floats, floored_group_bound, group_floors, refine_group,
+                                       refined_group_bounds)
+
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+    sp = build_space(model, cluster, n, batch, seq)
+    t = group_tables(model, cluster, sp)
+    g = np.arange(len(sp.groups))
+    assert len(set(sp.schedules[i] for i in sp.col("sched"))) >= 5
+    refined = refined_group_bounds(sp, t, g)
+    coef, const, opt = group_floors(model, cluster, sp, t, g)
+    cheap = group_time_bound(sp, t)
+    bound = floored_group_bound(sp, np.maximum(cheap, refined), coef, const, opt)
+    for i in np.random.default_rng(5).choice(len(g), 1500, replace=False).tolist():
+        assert refined[i] == refined_group_bound(sp, t, i)
+        a, c = data_parallel_floor_s(model, cluster, sp, t, i)
+        np.testing.assert_array_equal(coef[i], a)
+        np.testing.assert_array_equal(const[i], c)
+        np.testing.assert_array_equal(opt[i], _optimizer_floats(sp, t, i))
+        assert bound[i] == refine_group(model, cluster, sp, t, i, float(cheap[i]))[0]
+    subset = np.random.default_rng(3).choice(len(g), 200, replace=False)
+    np.testing.assert_array_equal(group_memory_bound(sp, t, subset), group_memory_bound(sp, t)[subset])

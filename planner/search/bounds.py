@@ -43,6 +43,7 @@ from planner.cost.compute import ACT_BYTES, embedding_ops, head_ops, pass_times
 from planner.cost.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_activation_bytes,
                                  embedding_params, expert_params_per_layer, head_activation_bytes, head_params,
                                  layer_params, norm_params)
+from planner.cost import schedule
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import ADAM_BYTES_PER_PARAM, _layer_cost
 from planner.search import layer_table
@@ -448,20 +449,150 @@ def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: G
 
 
 def refine_group(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int, cheap_bound: float,
-                 threshold: float = np.inf) -> tuple[float, float, tuple[np.ndarray, np.ndarray]]:
+                 threshold: float = np.inf, floors: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[float, float, tuple[np.ndarray, np.ndarray]]:
     """(bound on every row of group g, its pipeline floor, its data-parallel floor (a, C)): the refined pipeline
     time, raised per ZeRO stage by the data-parallel floor and the optimizer step, least over the stages the space
     allows. When the pipeline floor alone already exceeds ``threshold`` the rest is not computed (the group is
-    pruned whatever it would add)."""
+    pruned whatever it would add). ``floors``: the group's (a, C, optimizer seconds per ZeRO stage) from
+    :func:`group_floors`, if already computed."""
     times = rank_times(space, t, g)
     pipe = max(cheap_bound, refined_group_bound(space, t, g, times))
     if pipe > threshold:
         return pipe, pipe, (np.ones((2, 4)), np.zeros((2, 4)))
-    dp = data_parallel_floor_s(model, cluster, space, t, g, times)
+    if floors is None:
+        dp, opt = data_parallel_floor_s(model, cluster, space, t, g, times), _optimizer_floats(space, t, g)
+    else:
+        dp, opt = floors[:2], floors[2]
     zeros = np.array(space.zero_stages, dtype=np.int64)
-    per_zero = with_data_parallel_floor(pipe, dp[0][:, zeros], dp[1][:, zeros]) + \
-        _optimizer_floats(space, t, g)[zeros]
+    per_zero = with_data_parallel_floor(pipe, dp[0][:, zeros], dp[1][:, zeros]) + opt[zeros]
     return float(per_zero.min()), pipe, dp
+
+
+def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables,
+                 g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``data_parallel_floor_s`` (a, C, each of shape (len(g), 2, 4)) and ``_optimizer_floats`` (shape (len(g), 4))
+    of many groups at once, with the same formulas (ring collectives as in ``planner.cost.comm``, through
+    :mod:`planner.search.layer_table`'s array versions; tests check equality with the per-group functions)."""
+    g = np.asarray(g, dtype=np.int64)
+    n = len(g)
+    tp, ep, sp = space.col("tp")[g], space.col("ep")[g], space.col("sp")[g]
+    m = space.num_microbatches[g]
+    once = np.array([SCHEDULES[name].zero3_gathers_once_per_step for name in space.schedules])[space.col("sched")[g]]
+    i = float(getattr(cluster.gpu, "comm_overlap_interference", 0.0))
+    gpn = cluster.gpus_per_node
+    dp_shard, edp_shard = t.dp_shard[g], t.expert_dp_shard[g]
+    dp_group = layer_table.place_group(dp_shard, tp, gpn)
+    edp_group = layer_table.place_group(edp_shard, tp * ep, gpn)
+    coll = np.zeros((n, 4))
+    full = sharded = np.zeros(n)
+    rank0 = None
+    for n_l, nm, extra, _, _, _ in _end_ranks(space, t, g):
+        dense, expert = _local_params(t, g, n_l, nm, extra)
+        full = np.maximum(full, dense + expert)
+        sharded = np.maximum(sharded, dense / dp_shard + expert / edp_shard)
+        ar = layer_table.all_reduce_s(cluster, dp_group, dense * GRAD_REDUCE_BYTES) + \
+            layer_table.all_reduce_s(cluster, edp_group, expert * GRAD_REDUCE_BYTES)
+        rs = layer_table.reduce_scatter_s(cluster, dp_group, dense * GRAD_REDUCE_BYTES) + \
+            layer_table.reduce_scatter_s(cluster, edp_group, expert * GRAD_REDUCE_BYTES)
+        ag = layer_table.all_gather_s(cluster, dp_group, dense * WEIGHT_BYTES) + \
+            layer_table.all_gather_s(cluster, edp_group, expert * WEIGHT_BYTES)
+        per_mb = 2 * ag + rs
+        z3 = np.where(once, per_mb, m * per_mb)
+        coll = np.maximum(coll, np.stack([ar, rs + ag, rs + ag, z3], axis=1))
+        if rank0 is None:
+            rank0 = (ar, rs, ag, per_mb)
+    a = 1 - (1 - i) / m
+    coef = np.empty((n, 2, 4))
+    coef[:, 0, :3], coef[:, 0, 3], coef[:, 1, :] = a[:, None], i, 1.0
+    const = np.zeros((n, 2, 4))
+    const[:, 0] = coll
+    # the second floor, where rank_times are exact for rank 0 (pick 0): TP 1, or SP on and rank 0 without the head
+    exact0 = (tp == 1) | ((sp != 0) & (t.rank_head[g, 0] == 0))
+    nd0, nm0 = t.rank_layers[g, 0] - t.rank_moe[g, 0], t.rank_moe[g, 0]
+    emb0, head0 = t.rank_emb[g, 0], t.rank_head[g, 0]
+    fd, bd, wd, fm, bm, wm = t.layer_s[g].T
+    emb_f, emb_w, head_f, head_b, head_w = t.ends_s[g].T
+    send = np.where(space.col("pp")[g] > 1, t.p2p_s[g], 0.0)
+    chunks = space.col("vpp")[g]
+    fwd = nd0 * fd + nm0 * fm + chunks * send + emb0 * emb_f + head0 * head_f
+    bwd = (nd0 * bd + nm0 * bm + chunks * send + head0 * head_b) + (nd0 * wd + nm0 * wm + emb0 * emb_w +
+                                                                     head0 * head_w)
+    t_mb = 2 * fwd + bwd
+    ar, rs, ag, per_mb = rank0
+
+    def exposed(c: np.ndarray, window: np.ndarray) -> np.ndarray:  # step._exposed
+        hidden = np.minimum(c, window)
+        return c - hidden + hidden * i
+
+    z12 = exposed(rs, bwd) + exposed(ag, fwd)
+    z3 = np.where(once, exposed(per_mb, m * t_mb), m * exposed(per_mb, t_mb))
+    second = np.stack([exposed(ar, bwd), z12, z12, z3], axis=1)
+    const[:, 1] = np.where(exact0[:, None], second, 0.0)
+    opt = np.stack([full, sharded, sharded, sharded], axis=1) * t.optimizer_s_per_param
+    return coef, const, opt
+
+
+def refined_group_bounds(space: Space, t: GroupTables, g: np.ndarray) -> np.ndarray:
+    """``refined_group_bound`` of many groups at once: each schedule's closed form (``planner.cost.schedule``) over
+    the groups' per-rank ``rank_times``, as arrays of shape (groups, ranks) with ranks past a group's p zero (they
+    add nothing to any form), summed rank by rank in the scalar forms' order. Schedules whose time function has no
+    array form here are timed by the scalar function."""
+    g = np.asarray(g, dtype=np.int64)
+    n = len(g)
+    sched = space.col("sched")[g]
+    p, v, m = space.col("pp")[g], space.col("vpp")[g], space.num_microbatches[g]
+    p_max = int(p.max()) if n else 1
+    combos, inv = np.unique(np.stack([sched, p, v], axis=1), axis=0, return_inverse=True)
+    layout = np.zeros((5, len(combos), p_max))
+    for c, (si, pc, vc) in enumerate(combos.tolist()):
+        layout[:, c, :pc] = _rank_layout(space.schedules[si], space.num_layers, pc, vc, t.dense_layers)
+    nd, nm, chunks, emb, head = layout[:, inv.reshape(-1)]
+    fd, bd, wd, fm, bm, wm = (col[:, None] for col in t.layer_s[g].T)
+    emb_f, emb_w, head_f, head_b, head_w = (col[:, None] for col in t.ends_s[g].T)
+    send = np.where(p > 1, t.p2p_s[g], 0.0)[:, None]
+    F = nd * fd + nm * fm + chunks * send + emb * emb_f + head * head_f
+    B = nd * bd + nm * bm + chunks * send + head * head_b
+    W = nd * wd + nm * wm + emb * emb_w + head * head_w
+    T = F + B + W
+    t_max = T.max(axis=1)
+    k = T.argmax(axis=1)  # the first busiest rank, as list.index(max) finds it
+    w_min = np.minimum(np.minimum(W, F), B)
+    edge_terms = {"zb-h1": F + B - w_min, "zbv": np.maximum(np.maximum(B - W, B / 2), F / 2),
+                  "zb-h2": F + np.maximum(0.0, B - 2 * w_min)}
+    t_sum = np.zeros(n)
+    edges = {name: np.zeros(n) for name in edge_terms}
+    for r in range(p_max):
+        t_sum = t_sum + T[:, r]
+        for name, term in edge_terms.items():
+            edges[name] = edges[name] + np.where(k == r, 0.0, term[:, r])
+    forms = {schedule._flush_time: (m - 1) * t_max + t_sum,
+             schedule._interleaved_time: m * t_max + (t_sum - t_max) / v,
+             schedule._zb_h1_time: m * t_max + edges["zb-h1"],
+             schedule._zbv_time: m * t_max + edges["zbv"],
+             schedule._zb_h2_time: m * t_max + edges["zb-h2"]}
+    out = np.empty(n)
+    for si, name in enumerate(space.schedules):
+        mine = sched == si
+        if not mine.any():
+            continue
+        form = forms.get(SCHEDULES[name].time)
+        if form is not None:
+            out[mine] = form[mine]
+        else:
+            out[mine] = [refined_group_bound(space, t, int(x)) for x in g[mine]]
+    return out
+
+
+def floored_group_bound(space: Space, pipe_s: np.ndarray, coef: np.ndarray, const: np.ndarray,
+                        opt_s: np.ndarray) -> np.ndarray:
+    """Per group, the least over the space's ZeRO stages of a pipeline floor raised by the data-parallel floor,
+    plus the optimizer step (what ``refine_group`` computes, over arrays of groups)."""
+    best = np.full(len(pipe_s), np.inf)
+    for z in space.zero_stages:
+        floor = np.maximum(pipe_s, (coef[:, :, z] * pipe_s[:, None] + const[:, :, z]).max(axis=1))
+        best = np.minimum(best, floor + opt_s[:, z])
+    return best
 
 
 def with_data_parallel_floor(pipe_s: np.ndarray | float, coef: np.ndarray, coll_s: np.ndarray) -> np.ndarray:
@@ -588,20 +719,21 @@ def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     return out
 
 
-def group_memory_bound(space: Space, t: GroupTables) -> np.ndarray:
+def group_memory_bound(space: Space, t: GroupTables, groups: np.ndarray | None = None) -> np.ndarray:
     """Lower bound on the peak memory of every row of each group: the least row bound over the recomputation modes
     (partial recomputation lies between none and full) and the ZeRO stages that can be smallest (the largest
     stage up to 2, which shards more with each stage, and 3, which shards the weights but holds gathered layers).
-    Each rank's states (per ZeRO stage) and activations (per recomputation mode) are computed once and combined."""
-    g = slice(None)
-    n_groups = len(space.groups)
-    vpp = space.col("vpp")
+    Each rank's states (per ZeRO stage) and activations (per recomputation mode) are computed once and combined.
+    ``groups``: only these groups (default: all)."""
+    g = slice(None) if groups is None else np.asarray(groups, dtype=np.int64)
+    n_groups = len(space.groups) if groups is None else len(g)
+    vpp = space.col("vpp")[g]
     zeros = {max([z for z in space.zero_stages if z <= 2], default=None), 3 if 3 in space.zero_stages else None}
     zeros = sorted(x for x in zeros if x is not None)
     states, acts = [], []
     for n, nm, extra, has_emb, inflight, has_head in _end_ranks(space, t, g):
         states.append([_states_bytes(t, g, np.int64(z), n, nm, extra) for z in zeros])
-        emb = np.where(has_emb, t.act_embedding_bytes, 0.0)
+        emb = np.where(has_emb, t.act_embedding_bytes[g], 0.0)
         acts.append([(_activation_bytes(t, g, np.int64(code), n, nm, vpp) + emb) * inflight +
                      _workspace_bytes(t, g, np.int64(code), has_head) for code in space.rec_codes])
     best = np.full(n_groups, np.inf)

@@ -4,11 +4,13 @@ Method (which part does what, and why):
 
 1. :mod:`planner.search.space` enumerates every *group* of configurations (degrees, micro-batch, schedule, virtual
    stages, SP) over the divisor lattice; a group's members differ only in ZeRO stage and recomputation.
-2. :mod:`planner.search.bounds` computes, vectorized with numpy over all groups at once, a lower bound on the step
-   time and on the peak memory of every member of each group. Groups whose memory bound exceeds the limit are
-   dropped whole; the others are visited in order of their (cheap) time bound.
-3. A visited group gets a refined bound (its exact per-rank pipeline time and data-parallel floors) and goes onto
-   a heap; when it comes off it is expanded (numpy) into its rows, each with its own bounds, which go onto the heap.
+2. :mod:`planner.search.bounds` computes, vectorized with numpy over all groups at once, a cheap lower bound on
+   the step time of every member of each group (the pipeline's work over its ranks), and the groups are taken in
+   that order, ``SCREEN_BATCH`` at a time.
+3. A batch of groups is screened, vectorized: groups whose memory bound exceeds the limit are dropped whole; the
+   others get a refined bound (the schedule over their exact per-rank pipeline times, raised by the data-parallel
+   and optimizer floors) and go onto a heap; when one comes off it is expanded (numpy) into its rows, each with its
+   own bounds, which go onto the heap.
 4. Rows come off the heap in bound order and are evaluated exactly by ``planner.cost.step.estimate`` (the same
    function ``planner estimate`` uses). The search keeps the K best feasible plans and stops when the smallest bound
    left, among rows and unvisited groups, is larger than the K-th best exact value. Since no bound exceeds the
@@ -36,8 +38,8 @@ import numpy as np
 from planner.cost.step import Estimate, estimate
 from planner.cost.validity import config_problems
 from planner.errors import InfeasibleError, PlannerError
-from planner.search.bounds import (group_memory_bound, group_tables, group_time_bound, refine_group,
-                                   row_memory_bound, row_time_bound)
+from planner.search.bounds import (floored_group_bound, group_floors, group_memory_bound, group_tables,
+                                   group_time_bound, refined_group_bounds, row_memory_bound, row_time_bound)
 from planner.search.partition import partition
 from planner.search.space import SearchSpace, Space, build_space
 from planner.specs.config import RunConfig
@@ -163,49 +165,74 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
 
 
 _GROUP, _ROW = 0, 1
+#: groups whose memory bound and refined time bound are computed at a time (vectorized), in the order of their
+#: cheap bound: enough to amortize numpy's per-call overhead, few enough that little is computed for groups the
+#: search never reaches
+SCREEN_BATCH = 2048
 
 
 def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: str, k: int,
                       limit: float, any_feasible: bool = False) -> tuple[_TopK, dict[str, Any]]:
-    """Keep the k best feasible rows of the space (or, with ``any_feasible``, stop at the first one)."""
+    """Keep the k best feasible rows of the space (or, with ``any_feasible``, stop at the first one).
+
+    Groups are taken in the order of a cheap bound on every group (the pipeline bound for the time objective, the
+    memory bound for the memory objective) and screened SCREEN_BATCH at a time: the memory bound drops those that
+    cannot fit; for time, the others get their refined bound (the schedule over their exact per-rank times, raised
+    by the data-parallel and optimizer floors; vectorized over the batch). A group goes onto the heap with that
+    bound; when it comes off it is expanded into its rows."""
     kept = _TopK(k, objective)
     stats: dict[str, Any] = {"candidates": sp.size(), "groups": len(sp.groups), "pruned_by_memory_bound": 0,
                              "pruned_by_objective_bound": 0, "exact_evaluations": 0, "invalid": 0,
                              "infeasible_evaluated": 0, "bound_violations": 0, "groups_expanded": 0,
-                             "min_memory_bound_gib": None}
+                             "groups_refined": 0, "min_memory_bound_gib": None}
     if not len(sp.groups):
         return kept, stats
     tables = group_tables(model, cluster, sp)
     per_group = sp.rows_per_group()
-    g_mem = group_memory_bound(sp, tables)
-    stats["min_memory_bound_gib"] = float(g_mem.min()) / GIB
     by_time = objective == "time"
-    g_bound = group_time_bound(sp, tables) if by_time else g_mem
-    alive = np.flatnonzero(g_mem <= limit)
-    stats["pruned_by_memory_bound"] += int(per_group.sum() - per_group[alive].sum())
-    order = alive[np.argsort(g_bound[alive], kind="stable")]
-    # one heap of groups (bound refined) and rows (bound of the row); unvisited groups wait in `order`
+    if by_time:
+        g_bound = group_time_bound(sp, tables)  # the memory bound only where the search gets to
+    else:
+        g_mem = group_memory_bound(sp, tables)
+        stats["min_memory_bound_gib"] = float(g_mem.min()) / GIB
+        g_bound = g_mem
+    order = np.argsort(g_bound, kind="stable")
+    # one heap of groups (screened, then refined) and rows (bound of the row); unscreened groups wait in `order`
     heap: list[tuple[float, int, int, Any]] = []
     # refined pipeline floors and data-parallel floors of the groups reached (time objective)
     pipe_floor: dict[int, float] = {}
     dp_floor: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    gi, seq = 0, 0
+    gi, seq, skipped = 0, 0, 0
     while True:
         next_group = g_bound[order[gi]] if gi < len(order) else math.inf
         top = heap[0][0] if heap else math.inf
         if min(next_group, top) > kept.threshold or (gi >= len(order) and not heap):
             break  # every bound left is above the K-th best exact value: nothing left can enter
         if next_group <= top:
-            batch = order[gi:gi + EXPANSION_BATCH]
+            batch = order[gi:gi + SCREEN_BATCH]
             gi += len(batch)
-            for g in batch.tolist():
-                if by_time:
-                    bound, pipe_floor[g], dp_floor[g] = refine_group(model, cluster, sp, tables, g, g_bound[g],
-                                                                     kept.threshold)
-                else:
-                    bound = g_bound[g]
-                heapq.heappush(heap, (bound, seq, _GROUP, g))
-                seq += 1
+            if by_time:
+                mem = group_memory_bound(sp, tables, batch)
+                fits = mem <= limit
+                stats["pruned_by_memory_bound"] += int(per_group[batch[~fits]].sum())
+                batch = batch[fits]
+                pipe = np.maximum(g_bound[batch], refined_group_bounds(sp, tables, batch))
+                coef, const, opt = group_floors(model, cluster, sp, tables, batch)
+                bound = floored_group_bound(sp, pipe, coef, const, opt)
+                near = bound <= kept.threshold  # the threshold only falls: the others can never enter
+                skipped += int(per_group[batch[~near]].sum())
+                stats["groups_refined"] += len(batch)
+                for j in np.flatnonzero(near).tolist():
+                    g = int(batch[j])
+                    pipe_floor[g], dp_floor[g] = float(pipe[j]), (coef[j], const[j])
+                    heapq.heappush(heap, (float(bound[j]), seq, _GROUP, g))
+                    seq += 1
+            else:
+                fits = g_bound[batch] <= limit
+                stats["pruned_by_memory_bound"] += int(per_group[batch[~fits]].sum())
+                for g in batch[fits].tolist():
+                    heapq.heappush(heap, (float(g_bound[g]), seq, _GROUP, g))
+                    seq += 1
             continue
         bound, _, kind, payload = heapq.heappop(heap)
         if kind == _GROUP:
@@ -246,8 +273,11 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
         if any_feasible:
             break
     # rows neither evaluated nor pruned by memory were pruned by the objective bound
-    left = sum(int(per_group[p]) if kind == _GROUP else 1 for _, _, kind, p in heap) + int(per_group[order[gi:]].sum())
+    left = sum(1 if kind == _ROW else int(per_group[p]) for _, _, kind, p in heap) + \
+        int(per_group[order[gi:]].sum()) + skipped
     stats["pruned_by_objective_bound"] = left
+    if stats["min_memory_bound_gib"] is None and not kept.items:  # the reason an infeasible request gives
+        stats["min_memory_bound_gib"] = float(group_memory_bound(sp, tables).min()) / GIB
     return kept, stats
 
 
