@@ -69,20 +69,57 @@ def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ``np.unique(axis=0)``, but through one integer key per row, which is much faster)."""
     codes, sizes, values = [], [], []
     for c in cols:
-        v, inv = np.unique(c, return_inverse=True)
+        c = np.asarray(c).reshape(-1)
+        if c.size and c.dtype.kind in "iu" and c.min() >= 0 and c.max() < max(1 << 16, 4 * c.size):
+            # small non-negative integers (every column here): rank the values through a presence table, O(n)
+            present = np.bincount(c) > 0
+            v = np.flatnonzero(present)
+            inv = (np.cumsum(present) - 1)[c]
+        else:
+            v, inv = np.unique(c, return_inverse=True)
         values.append(v)
         codes.append(inv.reshape(-1))
         sizes.append(len(v))
     key = np.ravel_multi_index(codes, sizes) if cols[0].size else np.zeros(0, dtype=np.int64)
-    ukey, inv = np.unique(key, return_inverse=True)
+    n_keys = int(np.prod(sizes, dtype=np.float64))
+    if key.size and n_keys <= max(1 << 22, 4 * key.size):  # few possible keys: the presence table again, O(n)
+        present = np.bincount(key, minlength=n_keys) > 0
+        ukey, inv = np.flatnonzero(present), (np.cumsum(present) - 1)[key]
+    else:
+        ukey, inv = np.unique(key, return_inverse=True)
     parts = np.unravel_index(ukey, sizes)
     uniq = np.stack([values[j][parts[j]] for j in range(len(cols))], axis=1)
     return uniq, inv.reshape(-1)
 
 
+class PerKey:
+    """A per-group array stored once per distinct key (``values[key[g]]``): most of the bounds' per-group quantities
+    depend on a few columns only (the layer costs on TP, CP, micro-batch, SP and EP; the schedule's on the schedule,
+    PP, micro-batches and VPP), so each is gathered only for the groups a bound asks about. Indexing as an array:
+    ``x[g]``, ``x[g, col]``."""
+
+    __slots__ = ("values", "key")
+
+    def __init__(self, values: np.ndarray, key: np.ndarray):
+        self.values, self.key = values, key
+
+    def __getitem__(self, idx):
+        if isinstance(idx, tuple):
+            return self.values[(self.key[idx[0]],) + idx[1:]]
+        return self.values[self.key[idx]]
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.key),) + self.values.shape[1:]
+
+
 @dataclass(frozen=True)
 class GroupTables:
-    """Per-group quantities the bounds need (arrays indexed by group), computed once per request."""
+    """Per-group quantities the bounds need (indexed by group: arrays, or ``PerKey`` tables), computed once per
+    request."""
 
     fwd_s: np.ndarray  # whole model, one micro-batch: forward incl. exposed TP / CP / EP comm, embedding, head, and
     #: the pipeline sends of all ranks
@@ -130,7 +167,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     # ---- per-layer costs per distinct (tp, cp, cp_kind, mb, sp, ep) --------------------------------------------
     uniq, inv = _unique_rows(tp, cp, kind, mb, sp, ep)
     tab = _layer_tables(model, cluster, space.seq_len, uniq)
-    t_ = {k: v[inv] for k, v in tab.items()}
+    layer_key = inv
+    t_ = {k: PerKey(v, layer_key) for k, v in tab.items()}
     # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
     # point-to-point each per micro-batch (step.estimate folds them into F and B); Megatron's scatter/gather sends
     # 1/tp of it (Narayanan et al. 2021 Sec. 4.1), the smallest message step.estimate uses
@@ -142,8 +180,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     link_lat = np.where(across, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
     p2p = np.where(pp > 1, mb * space.seq_len / cp * model.hidden_size * ACT_BYTES / tp / link_bw + link_lat, 0.0)
     sends = pp * vpp * p2p  # whole pipeline, one direction, one micro-batch
-    t_["fwd"] = t_["fwd"] + sends
-    t_["bwd_in"] = t_["bwd_in"] + sends
+    t_["fwd"] = tab["fwd"][inv] + sends
+    t_["bwd_in"] = tab["bwd_in"][inv] + sends
     # ---- schedule: equal-rank time factor, in-flight micro-batches and layers of ranks 0 and p-1 ---------------
     L = model.num_layers
     uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
@@ -183,10 +221,12 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     return GroupTables(
         fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],
         full_s=t_["full"], layer_full_min_s=t_["full_min"],
-        factor=factor[inv], rank_layers=picks["n"][inv], rank_moe=picks["nm"][inv], rank_emb=picks["emb"][inv],
-        rank_head=picks["head"][inv], rank_inflight=picks["infl"][inv],
+        factor=PerKey(factor, inv), rank_layers=PerKey(picks["n"], inv), rank_moe=PerKey(picks["nm"], inv),
+        rank_emb=PerKey(picks["emb"], inv), rank_head=PerKey(picks["head"], inv),
+        rank_inflight=PerKey(picks["infl"], inv),
         act_none_bytes=t_["act_none"], act_selective_bytes=t_["act_sel"], act_full_bytes=t_["act_full"],
-        act_kept_bytes=np.stack([t_[k] for k in ("act_none_d", "act_none_m", "act_sel_d", "act_sel_m")], axis=1),
+        act_kept_bytes=PerKey(np.stack([tab[k] for k in ("act_none_d", "act_none_m", "act_sel_d", "act_sel_m")],
+                                       axis=1), layer_key),
         moe_params_per_layer=moe_dense, largest_layer_params=np.stack(np.broadcast_arrays(largest_d, largest_m),
                                                                       axis=1),
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
@@ -194,8 +234,9 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         embedding_params=embedding_params(model, space.seq_len) / tp, head_params=head_p,
         dp_shard=dp_shard, expert_dp_shard=np.maximum(1, dp_shard // ep), dense_layers=n_dense,
         optimizer_s_per_param=ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency),
-        layer_s=np.stack([t_[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1),
-        ends_s=np.stack([t_[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1), p2p_s=p2p)
+        layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
+        ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
+                      layer_key), p2p_s=p2p)
 
 
 #: per-key quantities of ``_layer_tables``
@@ -320,7 +361,7 @@ def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
 def group_time_bound(space: Space, t: GroupTables) -> np.ndarray:
     """Cheap lower bound on the step time of every row of each group (its no-recomputation rows' bound)."""
     g = np.arange(len(space.groups))
-    return _work_s(t, g) / space.col("pp") * t.factor
+    return _work_s(t, g) / space.col("pp") * t.factor[g]
 
 
 def _recompute_s(space: Space, t: GroupTables, g: np.ndarray, rec: np.ndarray) -> np.ndarray:

@@ -164,7 +164,6 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
     return SearchResult(best=ranked[0], alternatives=tuple(ranked[1:]), stats=stats)
 
 
-_GROUP, _ROW = 0, 1
 #: groups whose memory bound and refined time bound are computed at a time (vectorized), in the order of their
 #: cheap bound: enough to amortize numpy's per-call overhead, few enough that little is computed for groups the
 #: search never reaches
@@ -197,18 +196,21 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
         stats["min_memory_bound_gib"] = float(g_mem.min()) / GIB
         g_bound = g_mem
     order = np.argsort(g_bound, kind="stable")
-    # one heap of groups (screened, then refined) and rows (bound of the row); unscreened groups wait in `order`
-    heap: list[tuple[float, int, int, Any]] = []
+    # a heap of screened groups (by their refined bound) and one of rows (by the row's bound); unscreened groups
+    # wait in `order`
+    group_heap: list[tuple[float, int, int]] = []
+    heap: list[tuple[float, int, tuple]] = []
     # refined pipeline floors and data-parallel floors of the groups reached (time objective)
     pipe_floor: dict[int, float] = {}
     dp_floor: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     gi, seq, skipped = 0, 0, 0
     while True:
         next_group = g_bound[order[gi]] if gi < len(order) else math.inf
+        top_group = group_heap[0][0] if group_heap else math.inf
         top = heap[0][0] if heap else math.inf
-        if min(next_group, top) > kept.threshold or (gi >= len(order) and not heap):
+        if min(next_group, top_group, top) > kept.threshold or (gi >= len(order) and not heap and not group_heap):
             break  # every bound left is above the K-th best exact value: nothing left can enter
-        if next_group <= top:
+        if next_group <= min(top_group, top):
             batch = order[gi:gi + SCREEN_BATCH]
             gi += len(batch)
             if by_time:
@@ -225,20 +227,21 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
                 for j in np.flatnonzero(near).tolist():
                     g = int(batch[j])
                     pipe_floor[g], dp_floor[g] = float(pipe[j]), (coef[j], const[j])
-                    heapq.heappush(heap, (float(bound[j]), seq, _GROUP, g))
+                    heapq.heappush(group_heap, (float(bound[j]), seq, g))
                     seq += 1
             else:
                 fits = g_bound[batch] <= limit
                 stats["pruned_by_memory_bound"] += int(per_group[batch[~fits]].sum())
                 for g in batch[fits].tolist():
-                    heapq.heappush(heap, (float(g_bound[g]), seq, _GROUP, g))
+                    heapq.heappush(group_heap, (float(g_bound[g]), seq, g))
                     seq += 1
             continue
-        bound, _, kind, payload = heapq.heappop(heap)
-        if kind == _GROUP:
-            ids = [payload]
-            while heap and heap[0][2] == _GROUP and len(ids) < EXPANSION_BATCH:
-                ids.append(heapq.heappop(heap)[3])
+        if top_group <= top:
+            # the group with the smallest bound, and with it the next ones that may still enter (expanded now
+            # rather than one by one: their rows' bounds cost one numpy pass)
+            ids = [heapq.heappop(group_heap)[2]]
+            while group_heap and group_heap[0][0] <= kept.threshold and len(ids) < EXPANSION_BATCH:
+                ids.append(heapq.heappop(group_heap)[2])
             stats["groups_expanded"] += len(ids)
             rows = sp.expand(np.array(ids, dtype=np.int64))
             floor = dpf = None
@@ -247,17 +250,23 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
                 floor = np.repeat(np.array([pipe_floor[g] for g in ids]), reps)
                 dpf = (np.repeat(np.array([dp_floor[g][0] for g in ids]), reps, axis=0),
                        np.repeat(np.array([dp_floor[g][1] for g in ids]), reps, axis=0))
-            mem = row_memory_bound(sp, tables, rows)
             tb = row_time_bound(sp, tables, rows, floor, dpf)
+            if by_time:  # rows above the K-th best never enter (it only falls): no memory bound, no heap entry
+                near = np.flatnonzero(tb <= kept.threshold)
+                skipped += len(rows) - len(near)
+                rows, tb = rows.take(near), tb[near]
+            mem = row_memory_bound(sp, tables, rows)
             ok = mem <= limit
             stats["pruned_by_memory_bound"] += int((~ok).sum())
             rb = tb if by_time else mem
-            for i in np.flatnonzero(ok).tolist():
-                heapq.heappush(heap, (float(rb[i]), seq, _ROW, (int(rows.group[i]), int(rows.zero[i]),
-                                                                int(rows.rec[i]), float(tb[i]), float(mem[i]))))
+            keep = np.flatnonzero(ok & (rb <= kept.threshold))
+            skipped += int(ok.sum()) - len(keep)
+            for i in keep.tolist():
+                heapq.heappush(heap, (float(rb[i]), seq, (int(rows.group[i]), int(rows.zero[i]), int(rows.rec[i]),
+                                                          float(tb[i]), float(mem[i]))))
                 seq += 1
             continue
-        g, z, r, tb_i, mem_i = payload
+        g, z, r, tb_i, mem_i = heapq.heappop(heap)[2]
         cfg = sp.config(g, z, r)
         if config_problems(model, cluster, cfg):
             stats["invalid"] += 1
@@ -273,8 +282,8 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
         if any_feasible:
             break
     # rows neither evaluated nor pruned by memory were pruned by the objective bound
-    left = sum(1 if kind == _ROW else int(per_group[p]) for _, _, kind, p in heap) + \
-        int(per_group[order[gi:]].sum()) + skipped
+    left = len(heap) + sum(int(per_group[g]) for _, _, g in group_heap) + int(per_group[order[gi:]].sum()) + \
+        skipped
     stats["pruned_by_objective_bound"] = left
     if stats["min_memory_bound_gib"] is None and not kept.items:  # the reason an infeasible request gives
         stats["min_memory_bound_gib"] = float(group_memory_bound(sp, tables).min()) / GIB
