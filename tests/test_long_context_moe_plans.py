@@ -26,14 +26,11 @@ CASES = {
 #: machine do not fail it
 BUDGET_S = 3.0
 #: the child is killed after this long (imports + search), whatever happens: generous, since wall time on a shared
-#: machine is not what is tested (CPU time is); short for the known-slow case, which would only waste the suite's time
+#: machine is not what is tested (CPU time is, and the search's wall time against WALL_LIMIT_S)
 HARD_TIMEOUT_S = 60
-KNOWN_SLOW_TIMEOUT_S = 12
-#: known gap, measured 2026-12-02: the DeepSeek-V3 search takes 50-90 s on this 2-core machine, most of it spent
-#: building per-group bound tables (~45k distinct layer evaluations over 249k groups of 21M configurations).
-#: Non-strict, so the test reports XPASS once the search is fast enough; then drop the marker.
-SLOW_MOE_SEARCH = pytest.mark.xfail(reason="DeepSeek-V3 search exceeds the 3 s budget (see SLOW_MOE_SEARCH)",
-                                    raises=(AssertionError, subprocess.TimeoutExpired), strict=False)
+#: wall-clock limit of the search itself: the budget with room for a loaded CI machine (wall runs 1.5-2.5x the CPU
+#: time on the project's shared 2-core machine)
+WALL_LIMIT_S = 10.0
 
 CHILD = textwrap.dedent("""
     import json, sys, time
@@ -42,14 +39,14 @@ CHILD = textwrap.dedent("""
     from planner.specs.model import load_model
     name, cluster, gpus, batch, seq = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
     model, hw = load_model(name), load_cluster(cluster)
-    t0 = time.process_time()
+    t0, w0 = time.process_time(), time.perf_counter()
     res = search_plans(model, hw, gpus, batch, seq)
-    cpu = time.process_time() - t0
+    cpu, wall = time.process_time() - t0, time.perf_counter() - w0
     best = getattr(res, "best", None) or (res[0] if isinstance(res, (list, tuple)) else res)
     cfg = best.config
     est = best.estimate
-    print(json.dumps({"cpu_s": cpu, "tp": cfg.tp, "cp": cfg.cp, "pp": cfg.pp, "dp": cfg.dp, "ep": cfg.ep,
-                      "cp_kind": cfg.cp_kind, "fits": est.fits, "mfu": est.mfu,
+    print(json.dumps({"cpu_s": cpu, "wall_s": wall, "tp": cfg.tp, "cp": cfg.cp, "pp": cfg.pp, "dp": cfg.dp,
+                      "ep": cfg.ep, "cp_kind": cfg.cp_kind, "fits": est.fits, "mfu": est.mfu,
                       "peak_gib": est.peak_memory_bytes / 2**30}))
 """)
 
@@ -72,11 +69,11 @@ def test_llama_405b_at_128k_tokens_on_16384_h100():
     assert d["cp"] > 1
 
 
-@SLOW_MOE_SEARCH
 def test_deepseek_v3_on_2048_h800():
-    d = _run("deepseek-v3", KNOWN_SLOW_TIMEOUT_S)
+    d = _run("deepseek-v3")
     assert d["fits"]
     assert d["cpu_s"] < BUDGET_S
+    assert d["wall_s"] < WALL_LIMIT_S
     assert d["tp"] * d["cp"] * d["pp"] * d["dp"] == 2048
     assert (d["dp"] * d["cp"]) % d["ep"] == 0
 

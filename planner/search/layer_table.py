@@ -333,8 +333,8 @@ def _activation_bytes(model: ModelSpec, tokens: np.ndarray, t: np.ndarray, sp_t:
 def end_costs(model: ModelSpec, cluster: Cluster, seq_len: int, tp: np.ndarray, cp: np.ndarray, mb: np.ndarray,
               sp: np.ndarray) -> dict[str, np.ndarray]:
     """``pass_times`` of ``embedding_ops`` and ``head_ops`` and ``embedding_activation_bytes``, per key:
-    ``emb_fwd_s``, ``emb_bwd_s``, ``head_fwd_s``, ``head_bwd_input_s``, ``head_bwd_weight_s``, ``act_emb_bytes`` and ``head_activation_bytes``'s
-    ``head_act_bytes``."""
+    ``emb_fwd_s``, ``emb_bwd_s``, ``head_fwd_s``, ``head_bwd_input_s``, ``head_bwd_weight_s``, ``act_emb_bytes``
+    and ``head_act_bytes`` (``memory.head_activation_bytes``)."""
     t = np.asarray(tp, dtype=np.int64)
     c = np.asarray(cp, dtype=np.int64)
     b = np.asarray(mb, dtype=np.int64)
