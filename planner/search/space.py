@@ -76,14 +76,18 @@ G = {name: j for j, name in enumerate(GROUP_COLS)}
 
 
 def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,
-               space: SearchSpace) -> list[tuple[int, ...]]:
-    """Every group tuple that passes the degree rules of ``config_problems``."""
+               space: SearchSpace) -> np.ndarray:
+    """Every group that passes the degree rules of ``config_problems``, one row of ``GROUP_COLS`` each (int64).
+
+    The walk lists each valid (TP, CP, kind, PP, micro-batch, schedule, VPP) once with the (EP, SP) pairs its
+    degrees allow; the rows, one per pair, are then laid out with numpy in the same order."""
     L = model.num_layers
     max_tp = min(space.max_tp or cluster.gpus_per_node, cluster.gpus_per_node)
     kinds = [k for k in space.cp_kinds if k in CP_KINDS]
     scheds = [SCHEDULES[s] for s in space.schedules]
     sp_opts = sorted({int(x) for x in space.sequence_parallel})
-    rows: list[tuple[int, ...]] = []
+    heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
+    tail_sets: list[list[tuple[int, int]]] = []
     for tp in divisors(num_gpus):
         if tp > max_tp or not _tp_ok(model, tp):
             continue
@@ -114,14 +118,30 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                             if sched.supports_vpp else [1] for sched in scheds]
                     tails = [(ep, sp) for ep in eps for sp in sps
                              if not (ep > 1 and tp > 1 and not sp)]  # Megatron-Core MoE: EP with TP needs SP
+                    if not tails:
+                        continue
+                    tail_id = len(tail_sets)
+                    tail_sets.append(tails)
                     for mb in mbs:
                         m = global_batch // (dp * mb)
                         for s_idx, sched in enumerate(scheds):
                             for v in vpps[s_idx]:
                                 if sched.check(pp, m, v):
                                     continue
-                                rows.extend((tp, cp, k_idx, pp, ep, mb, s_idx, v, sp) for ep, sp in tails)
-    return rows
+                                heads.append((tp, cp, k_idx, pp, mb, s_idx, v, tail_id))
+    if not heads:
+        return np.zeros((0, len(GROUP_COLS)), dtype=np.int64)
+    head = np.array(heads, dtype=np.int64)
+    n_tails = np.array([len(t) for t in tail_sets], dtype=np.int64)
+    offset = np.cumsum(n_tails) - n_tails
+    flat_tails = np.array([pair for t in tail_sets for pair in t], dtype=np.int64)
+    reps = n_tails[head[:, 7]]
+    rows = np.repeat(head, reps, axis=0)
+    within = np.arange(len(rows)) - np.repeat(np.cumsum(reps) - reps, reps)
+    ep_sp = flat_tails[np.repeat(offset[head[:, 7]], reps) + within]
+    # GROUP_COLS order: tp, cp, cp_kind, pp, ep, mb, sched, vpp, sp
+    return np.column_stack([rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], ep_sp[:, 0], rows[:, 4], rows[:, 5],
+                            rows[:, 6], ep_sp[:, 1]])
 
 
 @dataclass(frozen=True)
@@ -227,7 +247,7 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
     rows = group_rows(model, cluster, num_gpus, global_batch, seq_len, space)
     rec_codes = tuple(code for mode, code in (("none", REC_NONE), ("selective", REC_SELECTIVE),
                                               ("full", REC_FULL_ALL)) if mode in space.recompute_modes)
-    return Space(groups=np.array(rows, dtype=np.int64).reshape(-1, len(GROUP_COLS)),
+    return Space(groups=rows,
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
                  global_batch=global_batch, seq_len=seq_len, zero_stages=tuple(sorted(space.zero_stages)),
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute)
