@@ -47,8 +47,9 @@ from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
 
 OBJECTIVES = ("time", "memory")
-#: groups refined or expanded at a time; small enough that little work is done past the stopping point, large
-#: enough that numpy's per-call overhead stays amortized
+#: groups expanded into rows at a time (the one with the smallest bound and the next ones still below the K-th
+#: best); small enough that little work is done past the stopping point, large enough that numpy's per-call
+#: overhead stays amortized
 EXPANSION_BATCH = 16
 #: relative slack when checking that a bound does not exceed the exact value (floating-point summation order)
 BOUND_RTOL = 1e-9
