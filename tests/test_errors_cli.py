@@ -366,3 +366,14 @@ def test_export_and_explain_refuse_a_plan_file_that_breaks_a_rule(tmp_path):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2, args
         assert "parallelism.tp" in r.stderr and str(f) in r.stderr and "Traceback" not in r.output
+
+
+def test_plan_with_no_layout_dividing_the_batch_suggests_a_gpu_count_that_works():
+    r = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "100000",
+                                 "--global-batch", "64"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    suggested = int(r.stderr.split("use --gpus ")[1].split(",")[0])
+    assert suggested != 100000
+    ok = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus",
+                                  str(suggested), "--global-batch", "64", "--json"])
+    assert ok.exit_code == 0, ok.output

@@ -321,7 +321,7 @@ def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, gl
         simple = RunConfig(num_gpus=num_gpus, global_batch_size=global_batch, seq_len=seq_len)
         problems = config_problems(model, cluster, simple)
         why = problems[0][1] if problems else "no parallel layout of these GPUs divides the batch and the model"
-        fix = _batch_fix(num_gpus, global_batch)
+        fix = _batch_fix(model, cluster, num_gpus, global_batch, seq_len, space)
         return InfeasibleError(f"no valid configuration of {model.name} on {num_gpus} GPUs: {why}", source="plan",
                                fix=fix)
     need = stats.get("min_memory_bound_gib")
@@ -342,10 +342,25 @@ def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, gl
     return InfeasibleError(msg, source="plan", fix="; ".join(fixes))
 
 
-def _batch_fix(num_gpus: int, global_batch: int) -> str:
-    g = math.gcd(num_gpus, global_batch)
-    return (f"the data-parallel degree must divide the global batch {global_batch}: use a global batch that shares "
-            f"more factors with {num_gpus} (e.g. {num_gpus}) or a GPU count such as {g * max(1, num_gpus // g)}")
+#: how many candidate GPU counts, nearest first, are tried when none of the request's layouts divides the batch
+MAX_GPU_COUNT_TRIES = 40
+
+
+def _batch_fix(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,
+               space: SearchSpace) -> str:
+    """What to change when no layout of ``num_gpus`` divides the batch: the nearest GPU count (a divisor of the
+    batch times a power of two, nearest in ratio) that has at least one valid layout."""
+    divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+    candidates = {d * 2 ** i for d in divisors for i in range(0, 20) if d * 2 ** i <= 4 * num_gpus}
+    candidates.discard(num_gpus)
+    for n in sorted(candidates, key=lambda n: (abs(math.log(n / num_gpus)), n))[:MAX_GPU_COUNT_TRIES]:
+        if cluster.max_gpus and n > cluster.max_gpus:
+            continue
+        if len(build_space(model, cluster, n, global_batch, seq_len, space).groups):
+            return (f"the data-parallel degree must divide the global batch {global_batch}: use --gpus {n}, or a "
+                    f"global batch with more factors in common with {num_gpus}")
+    return (f"the data-parallel degree must divide the global batch {global_batch}: use a global batch with more "
+            f"factors in common with {num_gpus}")
 
 
 def _nearest_gpu_count(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,
