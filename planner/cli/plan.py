@@ -62,13 +62,13 @@ def why_best(plan: Plan, objective: str) -> str:
         if abs(d) >= 1e-4:
             diffs.append((d, label))
     diffs.sort(key=lambda x: -x[0])
-    loses = [f"+{d:.3f} s {label}" for d, label in diffs if d > 0][:3]
-    gains = [f"{d:.3f} s {label}" for d, label in diffs if d < 0][:2]
+    loses = [f"{d:.3f} s on {label}" for d, label in diffs if d >= 0.0005][:3]
+    gains = [f"{-d:.3f} s on {label}" for d, label in reversed(diffs) if d <= -0.0005][:2]
     text = f"#2 is {delta:.3f} s ({100 * delta / best.step_time_s:.1f}%) slower per step"
     if loses:
         text += ": it loses " + ", ".join(loses)
     if gains:
-        text += "; it saves " + ", ".join(gains)
+        text += "; it gains " + ", ".join(gains)
     mem = other.peak_memory_gib - best.peak_memory_gib
     if abs(mem) >= 0.05:
         text += f"; it needs {abs(mem):.1f} GiB {'more' if mem > 0 else 'less'} memory per GPU"
