@@ -151,3 +151,18 @@ def test_latency_term_per_ring_step():
     c = Cluster("toy", a100.gpu, 8, Link("nv", 1e12, 5e-6, 1.0), Link("ib", 1e11, 1e-5, 1.0))
     g = comm.place_group(8, 1, 8)
     assert comm.all_reduce_s(c, g, 1.0) == pytest.approx(2 * 7 / 8 / 1e12 + 2 * 7 * 5e-6)
+
+
+@pytest.mark.parametrize("tp,cp,dp,pp,crosses", [
+    (1, 1, 1, 8, False),   # the whole pipeline inside one node
+    (2, 1, 2, 2, False),   # 8 GPUs: one node
+    (1, 1, 1, 16, True),   # stage 7 -> 8 crosses to the next node
+    (2, 1, 2, 4, True),    # stride 4: stages 0,1 on node 0, stages 2,3 on node 1
+    (8, 1, 1, 2, True),
+])
+def test_pipeline_link_is_the_nic_once_the_pipeline_spans_nodes(tp, cp, dp, pp, crosses):
+    """Every rank's send is costed alike, so the pipeline's slowest hop sets the link (as for the CP ring): the NIC
+    as soon as one pair of consecutive stages sits on different nodes."""
+    c = _toy_cluster()
+    link = comm.groups_for(c, tp, cp, dp, pp).pp_link
+    assert link is (c.inter_node if crosses else c.intra_node)

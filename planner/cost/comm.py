@@ -112,8 +112,9 @@ class Groups:
 def groups_for(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, ep: int = 1) -> Groups:
     """Placement of each group under Megatron's default rank order tp-cp-ep-dp-pp."""
     gpn = cluster.gpus_per_node
-    pp_stride = tp * cp * dp
-    pp_link = cluster.intra_node if (pp == 1 or pp_stride * 2 <= gpn) else cluster.inter_node
+    # every rank's send is costed alike, so the slowest hop sets the link (as for the CP ring): NVLink only when
+    # the whole pipeline sits in one node
+    pp_link = cluster.intra_node if (pp == 1 or tp * cp * dp * pp <= gpn) else cluster.inter_node
     return Groups(
         tp=place_group(tp, 1, gpn),
         cp=place_group(cp, tp, gpn),

@@ -172,9 +172,9 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
     # point-to-point each per micro-batch (step.estimate folds them into F and B); Megatron's scatter/gather sends
     # 1/tp of it (Narayanan et al. 2021 Sec. 4.1), the smallest message step.estimate uses
-    # (the link as comm.groups_for picks it: NVLink while two consecutive stages share a node, else the NIC; the
+    # (the link as comm.groups_for picks it: NVLink while the whole pipeline sits in one node, else the NIC; the
     # time as comm.p2p_s: M / beta + alpha)
-    across = space.dp * tp * cp * 2 > cluster.gpus_per_node
+    across = space.dp * tp * cp * pp > cluster.gpus_per_node
     link_bw = np.where(across, cluster.inter_node.bus_bandwidth_bytes_per_s,
                        cluster.intra_node.bus_bandwidth_bytes_per_s)
     link_lat = np.where(across, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
