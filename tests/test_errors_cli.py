@@ -377,3 +377,16 @@ def test_plan_with_no_layout_dividing_the_batch_suggests_a_gpu_count_that_works(
     ok = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus",
                                   str(suggested), "--global-batch", "64", "--json"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_plan_with_a_huge_batch_no_layout_divides_answers_at_once():
+    """The suggestion for a batch no layout divides lists the batch's divisors in O(sqrt(batch)), not by trying
+    every integer up to it (a 9-digit batch took minutes)."""
+    import time
+
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "4096",
+                                 "--global-batch", "100000007", "--seq-len", "2050"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "use --gpus 256" in r.stderr
+    assert time.perf_counter() - t0 < 5.0

@@ -41,7 +41,7 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.search.bounds import (floored_group_bound, group_floors, group_memory_bound, group_tables,
                                    group_time_bound, refined_group_bounds, row_memory_bound, row_time_bound)
 from planner.search.partition import partition
-from planner.search.space import SearchSpace, Space, build_space
+from planner.search.space import SearchSpace, Space, build_space, divisors
 from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
@@ -350,8 +350,7 @@ def _batch_fix(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                space: SearchSpace) -> str:
     """What to change when no layout of ``num_gpus`` divides the batch: the nearest GPU count (a divisor of the
     batch times a power of two, nearest in ratio) that has at least one valid layout."""
-    divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
-    candidates = {d * 2 ** i for d in divisors for i in range(0, 20) if d * 2 ** i <= 4 * num_gpus}
+    candidates = {d * 2 ** i for d in divisors(global_batch) for i in range(0, 20) if d * 2 ** i <= 4 * num_gpus}
     candidates.discard(num_gpus)
     for n in sorted(candidates, key=lambda n: (abs(math.log(n / num_gpus)), n))[:MAX_GPU_COUNT_TRIES]:
         if cluster.max_gpus and n > cluster.max_gpus:
