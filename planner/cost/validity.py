@@ -8,10 +8,24 @@ from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
 
-def _tp_splits_heads(model: ModelSpec, tp: int) -> bool:
-    """True when TP cannot split the attention: heads must divide by TP, and KV heads either divide by TP or are
-    fewer and replicated (TP a multiple of them)."""
-    return bool(model.num_heads % tp or model.num_kv_heads % tp and tp % model.num_kv_heads)
+def tp_splits_heads(model: ModelSpec, tp: int) -> bool:
+    """True when TP can split the attention: heads divide by TP, and KV heads either divide by TP or are fewer and
+    replicated (TP a multiple of them). Shared with the search's walk (``planner.search.space``)."""
+    return not (model.num_heads % tp or model.num_kv_heads % tp and tp % model.num_kv_heads)
+
+
+def ulysses_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
+    """Why Ulysses cannot split the heads over tp*cp, or None. DeepSpeed-Ulysses (Jacobs et al. 2023, Sec. 3.1):
+    the all-to-all hands each rank whole heads, and the K/V heads per TP rank must divide or be divisible by cp
+    (fewer K/V heads are replicated). Shared with the search's walk (``planner.search.space``)."""
+    if model.num_heads % (cp * tp):
+        return f"Ulysses needs heads ({model.num_heads}) divisible by tp*cp = {tp * cp}; use a smaller cp or " \
+               f"--cp-kind ring"
+    kv_per_tp = max(model.attn_kv_heads // tp, 1)
+    if kv_per_tp % cp and cp % kv_per_tp:
+        return f"Ulysses needs the {kv_per_tp} K/V heads per TP rank to divide or be divisible by cp={cp} (fewer " \
+               f"K/V heads are replicated)"
+    return None
 
 
 def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[tuple[str, str]]:
@@ -34,8 +48,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         return out
     if cluster.max_gpus and cfg.num_gpus > cluster.max_gpus:
         out.append(("gpus", f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs"))
-    if _tp_splits_heads(model, cfg.tp):
-        ok = [t for t in range(1, cluster.gpus_per_node + 1) if not _tp_splits_heads(model, t)]
+    if not tp_splits_heads(model, cfg.tp):
+        ok = [t for t in range(1, cluster.gpus_per_node + 1) if tp_splits_heads(model, t)]
         out.append(("tp", f"{model.num_heads} attention heads / {model.num_kv_heads} KV heads are not divisible "
                           f"by tp={cfg.tp}; use tp in {{{', '.join(map(str, ok))}}}"))
     if cfg.tp > cluster.gpus_per_node:
@@ -59,7 +73,7 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("pp", f"{model.num_layers} layers cannot fill pp*vpp = {stages} stages; use pp*vpp <= "
                           f"{model.num_layers}"))
     if cfg.recompute_layers_per_stage is not None:
-        per_stage = cfg.layers_per_stage if cfg.layers_per_stage is not None else None
+        per_stage = cfg.layers_per_stage
         if len(cfg.recompute_layers_per_stage) != stages or min(cfg.recompute_layers_per_stage) < 0 or (
                 per_stage is not None and len(per_stage) == stages
                 and any(k > n for k, n in zip(cfg.recompute_layers_per_stage, per_stage))):
@@ -76,15 +90,9 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
     if cfg.cp_kind not in CP_KINDS:
         out.append(("cp_kind", f"unknown context-parallel kind '{cfg.cp_kind}'; use one of {', '.join(CP_KINDS)}"))
     elif cfg.cp_kind == "ulysses" and cfg.cp > 1:
-        # DeepSpeed-Ulysses (Jacobs et al. 2023, Sec. 3.1): the all-to-all hands each rank whole heads
-        if model.num_heads % (cfg.cp * cfg.tp):
-            out.append(("cp", f"Ulysses needs heads ({model.num_heads}) divisible by tp*cp = {cfg.tp * cfg.cp}; "
-                              f"use a smaller cp or --cp-kind ring"))
-        else:
-            kv_per_tp = max(model.attn_kv_heads // cfg.tp, 1)
-            if kv_per_tp % cfg.cp and cfg.cp % kv_per_tp:
-                out.append(("cp", f"Ulysses needs the {kv_per_tp} K/V heads per TP rank to divide or be divisible "
-                                  f"by cp={cfg.cp} (fewer K/V heads are replicated)"))
+        reason = ulysses_problem(model, cfg.tp, cfg.cp)
+        if reason:
+            out.append(("cp", reason))
     if cfg.ep > 1:
         # Megatron-Core MoE: expert-parallel ranks are taken from the data- and context-parallel ranks
         if not model.is_moe:
@@ -100,8 +108,6 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
     if cfg.zero_stage not in ZERO_STAGES:
         out.append(("zero", f"unknown ZeRO stage {cfg.zero_stage}; use 0, 1, 2 or 3"))
-    if cfg.sequence_parallel and cfg.tp == 1:
-        pass  # harmless: SP is a no-op without TP
     sched = SCHEDULES.get(cfg.schedule)
     if sched is None:
         out.append(("schedule", f"unknown schedule '{cfg.schedule}'; use one of {', '.join(SCHEDULES)}"))

@@ -23,6 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost.schedule import SCHEDULES
+from planner.cost.validity import tp_splits_heads, ulysses_problem
 from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
@@ -56,20 +57,6 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(sorted(set(small + [n // d for d in small])))
 
 
-def _tp_ok(model: ModelSpec, tp: int) -> bool:
-    """Heads divisible by TP; KV heads divisible by TP or replicated (TP a multiple of them), as validity says."""
-    return model.num_heads % tp == 0 and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
-
-
-def _ulysses_ok(model: ModelSpec, tp: int, cp: int) -> bool:
-    """Ulysses hands each rank whole heads: heads divisible by tp*cp, and the K/V heads per TP rank divide or are
-    divisible by cp (as validity says)."""
-    if model.num_heads % (cp * tp):
-        return False
-    kv_per_tp = max(getattr(model, "attn_kv_heads", model.num_kv_heads) // tp, 1)
-    return kv_per_tp % cp == 0 or cp % kv_per_tp == 0
-
-
 #: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules
 GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp")
 G = {name: j for j, name in enumerate(GROUP_COLS)}
@@ -89,7 +76,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
     tail_sets: list[list[tuple[int, int]]] = []
     for tp in divisors(num_gpus):
-        if tp > max_tp or not _tp_ok(model, tp):
+        if tp > max_tp or not tp_splits_heads(model, tp):
             continue
         sps = sp_opts if tp > 1 else [0]  # SP is a no-op without TP: one choice, "off"
         for cp in divisors(num_gpus // tp):
@@ -98,7 +85,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
             if cp > 1 and seq_len % (2 * cp):
                 continue
             for kind in (kinds if cp > 1 else kinds[:1]):
-                if kind == "ulysses" and not _ulysses_ok(model, tp, cp):
+                if kind == "ulysses" and ulysses_problem(model, tp, cp):
                     continue
                 k_idx = CP_KINDS.index(kind)
                 for pp in divisors(num_gpus // (tp * cp)):
