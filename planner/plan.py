@@ -13,7 +13,7 @@ from planner.cost.step import Estimate, stage_layers
 from planner.errors import PlannerError
 from planner.specs.config import RunConfig
 from planner.specs.hardware import Cluster
-from planner.specs.model import ModelSpec
+from planner.specs.model import ModelSpec, validate_model
 
 SCHEMA_VERSION = "1.0"
 
@@ -112,9 +112,14 @@ def model_from_plan_dict(d: dict[str, Any], source: str = "<plan>") -> ModelSpec
         raise PlannerError("missing model_spec", source=source, field="model_spec",
                            fix="pass a file written by `planner plan --json`")
     try:
-        return ModelSpec(**spec)
+        model = ModelSpec(**spec)
     except TypeError as e:
         raise PlannerError(f"malformed model_spec: {e}", source=source, field="model_spec")
+    try:  # the cross-field checks a config.json passes
+        validate_model(model, source)
+    except PlannerError as e:
+        raise PlannerError(f"inconsistent model_spec: {e.reason}", source=source, field="model_spec")
+    return model
 
 
 def search_plans(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,

@@ -390,3 +390,21 @@ def test_plan_with_a_huge_batch_no_layout_divides_answers_at_once():
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "use --gpus 256" in r.stderr
     assert time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.parametrize("field,value", [("experts_per_token", 0), ("first_k_dense_layers", 1000),
+                                         ("kv_lora_rank", 64)])
+def test_export_and_explain_refuse_a_plan_whose_model_spec_a_config_json_could_not_give(tmp_path, field, value):
+    """A plan's model_spec passes the same cross-field checks as a config.json (validate_model): an MoE model
+    without routed experts per token, more dense layers than layers, MLA without its head sizes."""
+    r = CliRunner().invoke(app, ["estimate", "--model", "mixtral-8x7b", "--cluster", "h100-80gb-sxm", "--gpus", "16",
+                                 "--tp", "2", "--ep", "8", "--global-batch", "64", "--seq-len", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    d["model_spec"][field] = value
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(d))
+    for args in (["export", str(f), "--to", "megatron"], ["explain", str(f)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "model_spec" in r.stderr and str(f) in r.stderr and "Traceback" not in r.output

@@ -127,7 +127,11 @@ def plan_rule_error(d: dict[str, Any]) -> tuple[str, str] | None:
         cluster = load_cluster(str(d["cluster"]))
     except PlannerError:
         return None
-    problems = config_problems(model_from_plan_dict(d), cluster, config_from_dict(d))
+    try:
+        model = model_from_plan_dict(d)
+    except PlannerError as e:
+        return "model_spec", e.reason
+    problems = config_problems(model, cluster, config_from_dict(d))
     if not problems:
         return None
     option, message = problems[0]
