@@ -203,3 +203,19 @@ def test_tighter_memory_budget_is_honoured(big):
     assert out != cfg
     assert estimate(model, cluster, out).peak_memory_bytes <= budget
     assert partition(model, cluster, cfg, memory_limit_bytes=1e9) is cfg  # nothing fits 1 GB: input unchanged
+
+
+def test_search_partitions_under_the_users_memory_cap():
+    """With --max-memory-gib the partition DP plans to that cap (not to the GPU's own memory, whose proposals
+    the search would then reject as over the cap): Llama-3.1-70B on 64 H100s at 40 GiB gains per-stage
+    recomputation that the even split cannot have."""
+    from planner.search.engine import search
+    from planner.search.space import SearchSpace
+
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("h100-80gb-sxm")
+    kw = dict(top=0, max_memory_gib=40, space=SearchSpace(max_cp=1))
+    even = search(model, cluster, 64, 256, 4096, refine_partition=False, **kw).best
+    res = search(model, cluster, 64, 256, 4096, **kw)
+    assert res.stats["partitions_improved"] >= 1
+    assert res.best.estimate.step_time_s < even.estimate.step_time_s
+    assert res.best.estimate.peak_memory_bytes <= 40 * 2**30

@@ -298,7 +298,7 @@ def _refine_partitions(model: ModelSpec, cluster: Cluster, kept: "_TopK", limit:
         if cand.config.pp < 2:
             continue
         stats["partitions_tried"] += 1
-        cfg = partition(model, cluster, cand.config)
+        cfg = partition(model, cluster, cand.config, memory_limit_bytes=limit)
         if cfg == cand.config:
             continue
         est = estimate(model, cluster, cfg, check=False)
