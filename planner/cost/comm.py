@@ -104,13 +104,13 @@ def p2p_s(link: Link, msg_bytes: float) -> float:
 class Groups:
     tp: GroupPlacement
     cp: GroupPlacement
-    dp: GroupPlacement
     ep: GroupPlacement
     pp_link: Link  # the link a pipeline send crosses
 
 
 def groups_for(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, ep: int = 1) -> Groups:
-    """Placement of each group under Megatron's default rank order tp-cp-ep-dp-pp."""
+    """Placement of each group under Megatron's default rank order tp-cp-ep-dp-pp. (The data-parallel groups,
+    DP x CP for dense and DP x CP / EP for expert weights, are placed where ``planner.cost.step`` reduces them.)"""
     gpn = cluster.gpus_per_node
     # every rank's send is costed alike, so the slowest hop sets the link (as for the CP ring): NVLink only when
     # the whole pipeline sits in one node
@@ -118,7 +118,6 @@ def groups_for(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, ep: int = 1
     return Groups(
         tp=place_group(tp, 1, gpn),
         cp=place_group(cp, tp, gpn),
-        dp=place_group(dp, tp * cp, gpn),
         ep=place_group(ep, tp, gpn),
         pp_link=pp_link,
     )

@@ -146,7 +146,7 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: RunConfig, recompute: str 
     # Q, K, V and the attention output (for MLA their per-head widths, DeepSeek-V2 Sec. 2.1.2)
     split = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim + model.attn_out_dim) + mlp
     if moe:
-        split += 4 * model.num_experts / 1  # router logits + probs, fp32 (tiny)
+        split += 4 * model.num_experts  # router logits + probs, fp32 (tiny)
     per_token = replicated / sp + split / t
     if model.is_mla:  # the latents feeding the up-projections, whole on every TP rank (see mla_projection_ops)
         per_token += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)

@@ -29,7 +29,7 @@ class RunConfig:
     zero_stage: int = 1
     recompute: str = "selective"
     #: with recompute == "full": how many layers per pipeline stage are fully recomputed (None = all of them);
-    #: the others keep their activations (selective recompute where that is set to "selective-rest")
+    #: the others keep all their activations
     recompute_num_layers: int | None = None
     #: with recompute == "full": fully recomputed layers of each pipeline stage (pp * vpp entries, model order),
     #: chosen per stage as AdaPipe does; overrides recompute_num_layers; None = recompute_num_layers everywhere
