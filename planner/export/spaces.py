@@ -42,17 +42,13 @@ def launcher_spaces(target: str, option: str = "--launcher") -> list[Any]:
             replace(base, max_pp=1, cp_kinds=cp_kinds)]
 
 
-def _key(plan: Any, objective: str) -> tuple[float, float]:
-    e = plan.estimate
-    return (e.step_time_s, e.peak_memory_bytes) if objective == "time" else (e.peak_memory_bytes, e.step_time_s)
-
-
 def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size: int, seq_len: int, target: str, *,
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
                       refine_partition: bool = True, option: str = "--launcher") -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``); InfeasibleError when none fits.
     ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
     from planner.plan import search_plans
+    from planner.search.engine import objective_key
 
     spaces = launcher_spaces(target, option)
     found = []
@@ -77,4 +73,4 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
         raise InfeasibleError(f"no plan that {target} can run fits: {reasons[0] if reasons else 'empty space'}",
                               source=f"{option} {target}",
                               fix="try another launcher (torchtitan runs the most schedules) or more GPUs")
-    return min(found, key=lambda p: _key(p, objective))
+    return min(found, key=lambda p: objective_key(p.estimate, objective))

@@ -55,6 +55,11 @@ EXPANSION_BATCH = 16
 BOUND_RTOL = 1e-9
 
 
+def objective_key(e: Estimate, objective: str) -> tuple[float, float]:
+    """How plans rank: (step time, peak memory) for the time objective, (peak memory, step time) for memory."""
+    return (e.step_time_s, e.peak_memory_bytes) if objective == "time" else (e.peak_memory_bytes, e.step_time_s)
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One evaluated configuration."""
@@ -63,8 +68,7 @@ class Candidate:
     estimate: Estimate
 
     def objective(self, objective: str) -> tuple[float, float]:
-        e = self.estimate
-        return (e.step_time_s, e.peak_memory_bytes) if objective == "time" else (e.peak_memory_bytes, e.step_time_s)
+        return objective_key(self.estimate, objective)
 
 
 @dataclass(frozen=True)
