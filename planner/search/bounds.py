@@ -254,12 +254,27 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int, uniq: np.nda
     apply."""
     if not layer_table.supported():
         return _layer_tables_scalar(model, cluster, seq_len, uniq)
-    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    n_moe = model.num_moe_layers
     t, c, k, b, s, e = uniq.T
-    costs = [(n_dense, layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=False))]
-    if n_moe:
-        costs.append((n_moe, layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=True)))
-    n = len(uniq)
+    dense = layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=False)
+    moe = layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=True) if n_moe else None
+    return _compose_tables(model, dense, moe, layer_table.end_costs(model, cluster, seq_len, t, c, b, s))
+
+
+#: fields of ``layer_table.layer_costs`` (as ``step._LayerCost`` / ``PassTimes`` name them) and of ``end_costs``
+_LAYER_FIELDS = ("fwd_s", "bwd_input_s", "bwd_weight_s", "selective_recompute_s", "tp_fwd_s", "tp_bwd_s",
+                 "cp_fwd_s", "cp_bwd_s", "ep_fwd_s", "act_bytes", "act_none_bytes", "act_full_bytes",
+                 "cp_buffer_bytes")
+_END_FIELDS = ("emb_fwd_s", "emb_bwd_s", "head_fwd_s", "head_bwd_input_s", "head_bwd_weight_s", "act_emb_bytes",
+               "head_act_bytes")
+
+
+def _compose_tables(model: ModelSpec, dense: dict[str, np.ndarray], moe: dict[str, np.ndarray] | None,
+                    ends: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``_layer_tables`` from one dense and (MoE models) one MoE layer's costs and the end costs, per key."""
+    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    costs = [(n_dense, dense)] + ([(n_moe, moe)] if n_moe else [])
+    n = len(ends["emb_fwd_s"])
     tab = {name: np.zeros(n) for name in _TABLE_NAMES}
     full_min = np.full(n, np.inf)
     act = {"act_none": np.full(n, np.inf), "act_sel": np.full(n, np.inf), "act_full": np.full(n, np.inf)}
@@ -288,7 +303,6 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int, uniq: np.nda
         tab["act_none_m"], tab["act_sel_m"] = tab["act_none_d"], tab["act_sel_d"]
     if not n_dense:
         tab["act_none_d"], tab["act_sel_d"] = tab["act_none_m"], tab["act_sel_m"]
-    ends = layer_table.end_costs(model, cluster, seq_len, t, c, b, s)
     tab["emb_f"], tab["emb_w"] = ends["emb_fwd_s"], ends["emb_bwd_s"]
     tab["head_f"], tab["head_b"] = ends["head_fwd_s"], ends["head_bwd_input_s"]
     tab["head_w"] = ends["head_bwd_weight_s"]
@@ -303,55 +317,35 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int, uniq: np.nda
 def _layer_tables_scalar(model: ModelSpec, cluster: Cluster, seq_len: int,
                          uniq: np.ndarray) -> dict[str, np.ndarray]:
     """``_layer_tables`` through the scalar cost model, one ``step._layer_cost`` call per key and layer kind (the
-    reference the vectorized replica is tested against, and the fallback where it does not apply)."""
+    reference the vectorized replica is tested against, and the fallback where it does not apply), composed by the
+    same ``_compose_tables``."""
     gpu = cluster.gpu
-    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
-    tab = {k: np.zeros(len(uniq)) for k in _TABLE_NAMES}
+    n = len(uniq)
+    kinds = (False, True) if model.num_moe_layers else (False,)
+    layers = {moe: {f: np.zeros(n) for f in _LAYER_FIELDS} for moe in kinds}
+    ends = {f: np.zeros(n) for f in _END_FIELDS}
     for u, (t, c, k, b, s, e) in enumerate(uniq.tolist()):
         cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
                         seq_len=seq_len, sequence_parallel=bool(s), recompute="selective")
         groups = comm.groups_for(cluster, t, c, e, 1, e)
-        costs = [(n_dense, _layer_cost(model, cluster, cfg, groups, moe=False))]
-        if n_moe:
-            costs.append((n_moe, _layer_cost(model, cluster, cfg, groups, moe=True)))
-        full_min = np.inf
-        act = {"act_none": np.inf, "act_sel": np.inf, "act_full": np.inf}
-        for (count, lc), kind_ in zip(costs, "dm"):
-            # the composition of step.estimate: forward comm = TP + CP + EP forward, backward likewise
-            comm_f = lc.tp_fwd_s + lc.cp_fwd_s + lc.ep_fwd_s
-            comm_b = lc.tp_bwd_s + lc.cp_bwd_s + lc.ep_fwd_s
-            tab["f" + kind_][u] = lc.pt.fwd_s + comm_f
-            tab["b" + kind_][u] = lc.pt.bwd_input_s + comm_b
-            tab["w" + kind_][u] = lc.pt.bwd_weight_s
-            tab["fwd"][u] += count * (lc.pt.fwd_s + comm_f)
-            tab["bwd_in"][u] += count * (lc.pt.bwd_input_s + comm_b)
-            tab["bwd_w"][u] += count * lc.pt.bwd_weight_s
-            tab["sel"][u] += count * lc.pt.selective_recompute_s
-            tab["full"][u] += count * (lc.pt.fwd_s + comm_f)
-            full_min = min(full_min, lc.pt.fwd_s + comm_f)
-            act["act_none"] = min(act["act_none"], lc.act_none_bytes)
-            act["act_sel"] = min(act["act_sel"], lc.act_bytes)
-            act["act_full"] = min(act["act_full"], lc.act_full_bytes)
-            tab["act_none_" + kind_][u], tab["act_sel_" + kind_][u] = lc.act_none_bytes, lc.act_bytes
-            tab["cp_buf"][u] = max(tab["cp_buf"][u], lc.cp_buffer_bytes)
-        tab["full_min"][u] = full_min
-        for key, val in act.items():
-            tab[key][u] = val
+        for moe in kinds:
+            lc = _layer_cost(model, cluster, cfg, groups, moe=moe)
+            row = {"fwd_s": lc.pt.fwd_s, "bwd_input_s": lc.pt.bwd_input_s, "bwd_weight_s": lc.pt.bwd_weight_s,
+                   "selective_recompute_s": lc.pt.selective_recompute_s, "tp_fwd_s": lc.tp_fwd_s,
+                   "tp_bwd_s": lc.tp_bwd_s, "cp_fwd_s": lc.cp_fwd_s, "cp_bwd_s": lc.cp_bwd_s,
+                   "ep_fwd_s": lc.ep_fwd_s, "act_bytes": lc.act_bytes, "act_none_bytes": lc.act_none_bytes,
+                   "act_full_bytes": lc.act_full_bytes, "cp_buffer_bytes": lc.cp_buffer_bytes}
+            for f, val in row.items():
+                layers[moe][f][u] = val
         emb = pass_times(embedding_ops(model, cfg), gpu)
         head = pass_times(head_ops(model, cfg), gpu)
-        if not n_moe:
-            tab["fm"][u], tab["bm"][u], tab["wm"][u] = tab["fd"][u], tab["bd"][u], tab["wd"][u]
-            tab["act_none_m"][u], tab["act_sel_m"][u] = tab["act_none_d"][u], tab["act_sel_d"][u]
-        if not n_dense:
-            tab["act_none_d"][u], tab["act_sel_d"][u] = tab["act_none_m"][u], tab["act_sel_m"][u]
-        tab["emb_f"][u], tab["emb_w"][u] = emb.fwd_s, emb.bwd_s
-        tab["head_f"][u], tab["head_b"][u], tab["head_w"][u] = head.fwd_s, head.bwd_input_s, head.bwd_weight_s
-        tab["fwd"][u] += emb.fwd_s + head.fwd_s
-        tab["bwd_in"][u] += head.bwd_input_s
-        tab["bwd_w"][u] += emb.bwd_s + head.bwd_weight_s
-        tab["act_emb"][u] = embedding_activation_bytes(model, cfg)
-        tab["head_act"][u] = head_activation_bytes(model, cfg)
-    return tab
+        row = {"emb_fwd_s": emb.fwd_s, "emb_bwd_s": emb.bwd_s, "head_fwd_s": head.fwd_s,
+               "head_bwd_input_s": head.bwd_input_s, "head_bwd_weight_s": head.bwd_weight_s,
+               "act_emb_bytes": embedding_activation_bytes(model, cfg),
+               "head_act_bytes": head_activation_bytes(model, cfg)}
+        for f, val in row.items():
+            ends[f][u] = val
+    return _compose_tables(model, layers[False], layers.get(True), ends)
 
 
 def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
