@@ -380,7 +380,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len)
     hflops = mflops + sum(recompute_flops_per_mb) * m * dp * cfg.tp * cfg.cp
     n = cfg.num_gpus
-    limit = gpu.hbm_bytes - gpu.memory_reserve_bytes
+    limit = gpu.usable_memory_bytes
     peak = max(s.peak_memory_bytes for s in stages)
     bott = max(stages, key=lambda s: s.time_per_microbatch_s)
     breakdown = {

@@ -84,7 +84,7 @@ class SearchResult:
 
 def memory_limit_bytes(cluster: Cluster, max_memory_gib: float | None = None) -> float:
     """Usable memory per GPU: HBM less the profile's reserve, capped by the user's --max-memory-gib."""
-    limit = cluster.gpu.hbm_bytes - cluster.gpu.memory_reserve_bytes
+    limit = cluster.gpu.usable_memory_bytes
     if max_memory_gib is not None:
         limit = min(limit, max_memory_gib * GIB)
     return limit

@@ -307,7 +307,7 @@ def partition(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *,
     ``cfg`` unchanged when it is invalid, nothing fits, or nothing beats it. (Virtual stages whose layers do not
     divide evenly, invalid without an explicit split, start from :func:`even_layer_split`.) ``memory_limit_bytes``:
     a tighter per-GPU budget than the GPU's own ``hbm_bytes - memory_reserve_bytes`` (``--max-memory-gib``)."""
-    gpu_limit = cluster.gpu.hbm_bytes - cluster.gpu.memory_reserve_bytes
+    gpu_limit = cluster.gpu.usable_memory_bytes
     limit = gpu_limit if memory_limit_bytes is None else min(gpu_limit, memory_limit_bytes)
     if cfg.pp < 2:
         return cfg

@@ -60,6 +60,11 @@ class GPU:
     #: communication kernels take from the concurrent GEMM)
     comm_overlap_interference: float = 0.0
 
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What a plan may use per GPU: HBM less the reserve (a plan fits when every rank's peak is at most this)."""
+        return self.hbm_bytes - self.memory_reserve_bytes
+
 
 @dataclass(frozen=True)
 class Link:
