@@ -59,7 +59,7 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
     masked half of a causal mask (an assumption stated in the README).
     """
     t, cp = cfg.tp, cfg.cp
-    T = cfg.micro_batch_size * cfg.seq_len / cp  # tokens on this GPU
+    T = cfg.tokens_per_rank  # tokens on this GPU
     h = model.hidden_size
     ops: list[Op] = []
     # ---- attention --------------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def mla_projection_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
     TP rank (an approximation of Megatron-Core's MLA); the up-projections are split by heads over TP. Costed
     without the inference-time absorbed-weight trick, as in training."""
     t = cfg.tp
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    T = cfg.tokens_per_rank
     h, heads = model.hidden_size, model.num_heads
     qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
     ops = []
@@ -152,7 +152,7 @@ def mla_projection_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
 
 def embedding_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
     """Input embedding lookup (memory-bound gather of b*s rows of h)."""
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    T = cfg.tokens_per_rank
     rows = T / (cfg.tp if cfg.sequence_parallel else 1)  # with SP the output is scattered along the sequence
     return [Op("embedding", "memory", hbm_bytes=ACT_BYTES * rows * model.hidden_size * 2, bwd_ratio=1.0,
                weight_grad_fraction=1.0)]
@@ -160,7 +160,7 @@ def embedding_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
 
 def head_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
     """Final norm, LM head GEMM (2*b*s*h*V, Narayanan Eq. 3's V/(16Lh) term) and the fp32 cross-entropy."""
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    T = cfg.tokens_per_rank
     h, V = model.hidden_size, model.vocab_size
     logits_elems = T * V / cfg.tp
     return [

@@ -51,11 +51,6 @@ RING_BWD_BUFFERS = 4
 # ---------------------------------------------------------------------------------------------------------------
 # Shapes
 # ---------------------------------------------------------------------------------------------------------------
-def tokens_per_rank(cfg: RunConfig) -> float:
-    """Tokens of one micro-batch on one CP rank: b s / cp."""
-    return cfg.micro_batch_size * cfg.seq_len / cfg.cp
-
-
 def kv_heads_per_tp_rank(model: ModelSpec, tp: int) -> float:
     """K/V heads one TP rank holds: a share of them, or one replicated head when TP exceeds the K/V heads (GQA)."""
     return max(model.attn_kv_heads / tp, 1.0)
@@ -98,7 +93,7 @@ def balanced_causal_work(cp: int) -> list[list[float]]:
 
 def ring_kv_block_bytes(model: ModelSpec, cfg: RunConfig) -> float:
     """Bytes sent per ring step per GPU in forward: the K and V of the T = b s / cp local tokens (after TP)."""
-    return tokens_per_rank(cfg) * kv_bytes_per_token(model, cfg.tp)
+    return cfg.tokens_per_rank * kv_bytes_per_token(model, cfg.tp)
 
 
 def ring_comm_bytes_per_layer(model: ModelSpec, cfg: RunConfig) -> tuple[float, float]:
@@ -113,7 +108,7 @@ def ring_block_flops(model: ModelSpec, cfg: RunConfig) -> float:
     """Forward attention FLOPs of one ring step on one GPU: Q of T tokens against K/V of T tokens,
     2 T^2 (q + out widths) / tp (QK^T and scores x V), halved by a kernel that skips masked blocks
     (each step is half a block under the balanced split, :func:`balanced_causal_work`)."""
-    T = tokens_per_rank(cfg)
+    T = cfg.tokens_per_rank
     full = 2.0 * T * T * (model.attn_q_dim + model.attn_out_dim) / cfg.tp
     return full * (0.5 if cfg.flash_attention else 1.0)
 
@@ -149,7 +144,7 @@ def ulysses_bytes(model: ModelSpec, cfg: RunConfig) -> tuple[float, float]:
 
     K/V heads per TP rank fewer than cp are replicated so every rank gets one: max(kv heads / tp, cp) heads.
     """
-    T = tokens_per_rank(cfg)
+    T = cfg.tokens_per_rank
     heads = model.attn_kv_heads
     kv_heads = max(kv_heads_per_tp_rank(model, cfg.tp), float(cfg.cp))
     kv = kv_heads * (model.attn_k_dim + model.attn_v_dim) / heads

@@ -133,7 +133,7 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: RunConfig, recompute: str 
     mode = recompute or cfg.recompute
     t, h = cfg.tp, model.hidden_size
     sp = t if cfg.sequence_parallel else 1
-    tokens = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    tokens = cfg.tokens_per_rank
     if mode == "full":
         return tokens * 2 * h / sp
     replicated = 4 * h + 2 * h + 2 * h + (2 * h if model.dropout else 0)
@@ -181,14 +181,14 @@ def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, variant: str) -> 
 
 def head_activation_bytes(model: ModelSpec, cfg: RunConfig) -> float:
     """Last stage: final-norm input (2h, split with SP) + bf16 logits (2V/t) + fp32 softmax for the loss (4V/t)."""
-    tokens = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    tokens = cfg.tokens_per_rank
     sp = cfg.tp if cfg.sequence_parallel else 1
     return tokens * (2 * model.hidden_size / sp + (2 + LOGIT_BYTES) * model.vocab_size / cfg.tp)
 
 
 def embedding_activation_bytes(model: ModelSpec, cfg: RunConfig) -> float:
     """First stage: the embedding output (and its dropout mask for GPT), Korthikanti Sec. 4.3."""
-    tokens = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    tokens = cfg.tokens_per_rank
     sp = cfg.tp if cfg.sequence_parallel else 1
     return tokens * model.hidden_size * (3 if model.dropout else 2) / sp
 

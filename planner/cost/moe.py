@@ -47,14 +47,14 @@ def local_experts(model: ModelSpec, ep: int) -> float:
 def tokens_per_local_expert(model: ModelSpec, cfg: RunConfig) -> float:
     """Token copies each local expert processes per micro-batch with balanced routing: T k ep / E, T = b s / cp
     (the T k copies of the ep ranks' tokens spread evenly over E experts, E / ep of them here)."""
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    T = cfg.tokens_per_rank
     return T * model.experts_per_token / local_experts(model, cfg.ep)
 
 
 def dispatch_bytes(model: ModelSpec, cfg: RunConfig) -> float:
     """Bytes one GPU feeds into one dispatch (or combine) all-to-all: its T k token copies of h bf16 values, T the
     tokens of its SP shard (b s / (cp tp) with SP)."""
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    T = cfg.tokens_per_rank
     sp = cfg.tp if cfg.sequence_parallel else 1
     return T / sp * model.experts_per_token * model.hidden_size * ACT_BYTES
 
@@ -90,7 +90,7 @@ def node_limited_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: RunConfig
     nodes = -(-ep_group.size // g)  # a last, partly filled node counts
     limit = model.expert_groups_per_token if model.expert_groups % nodes == 0 else 0
     per_token = model.hidden_size * ACT_BYTES
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp / (cfg.tp if cfg.sequence_parallel else 1)
+    T = cfg.tokens_per_rank / (cfg.tp if cfg.sequence_parallel else 1)
     remote = expected_nodes_per_token(model.experts_per_token, nodes, limit) * (nodes - 1) / nodes
     t_inter = T * remote * per_token / cluster.inter_node.bus_bandwidth_bytes_per_s
     t_intra = T * model.experts_per_token * (g - 1) / g * per_token / cluster.intra_node.bus_bandwidth_bytes_per_s
@@ -126,7 +126,7 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, ep_group: 
         a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg))
     etp = 0.0
     if cfg.tp > 1:
-        T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+        T = cfg.tokens_per_rank
         gathered = T * model.experts_per_token * model.hidden_size * ACT_BYTES
         etp = comm.all_gather_s(cluster, tp_group, gathered) + comm.reduce_scatter_s(cluster, tp_group, gathered)
     one_way = 2 * a2a + etp

@@ -157,7 +157,7 @@ def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm
     ops = layer_ops(model, cfg, moe=moe)
     gpu = cluster.gpu
     pt = pass_times(ops, gpu)
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    T = cfg.tokens_per_rank
     h = model.hidden_size
     # --- TP (Megatron, Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2). Forward: 2 all-reduces
     # per layer, or 2 all-gathers + 2 reduce-scatters with SP, all on the critical path. Backward: the column-
@@ -242,7 +242,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     layers = stage_layers(model, cfg)
     starts = [sum(layers[:j]) for j in range(len(layers))]
     sched = get_schedule(cfg.schedule)
-    T = cfg.micro_batch_size * cfg.seq_len / cfg.cp
+    T = cfg.tokens_per_rank
     # Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends only 1/t of the
     # boundary activation across the pipeline link and the receiver all-gathers it over NVLink (none with SP, where
     # the tensor is already split along the sequence)

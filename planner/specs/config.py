@@ -61,6 +61,11 @@ class RunConfig:
         return self.pp * self.vpp
 
     @property
+    def tokens_per_rank(self) -> float:
+        """Tokens of one micro-batch on one GPU: b s / cp (the T of the cost model's per-layer formulas)."""
+        return self.micro_batch_size * self.seq_len / self.cp
+
+    @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
