@@ -408,3 +408,19 @@ def test_export_and_explain_refuse_a_plan_whose_model_spec_a_config_json_could_n
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2, (args, r.output)
         assert "model_spec" in r.stderr and str(f) in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("option,value", [("--global-batch", str(10**20)), ("--gpus", str(10**20))])
+def test_plan_refuses_sizes_no_run_has_instead_of_walking_their_divisors(option, value):
+    """The search walks divisors of the GPU count and of the batch (O(sqrt n) each): a 20-digit value would run
+    for hours; it is refused at once, like a config.json shape above int32."""
+    import time
+
+    args = {"--gpus": "8", "--global-batch": "64"}
+    args[option] = value
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm",
+                                 *(x for kv in args.items() for x in kv)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert option in r.stderr and "2147483647" in r.stderr
+    assert time.perf_counter() - t0 < 5.0

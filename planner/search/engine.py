@@ -44,7 +44,7 @@ from planner.search.partition import partition
 from planner.search.space import SearchSpace, Space, build_space, divisors
 from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, Cluster
-from planner.specs.model import ModelSpec
+from planner.specs.model import MAX_CONFIG_INT, ModelSpec
 
 OBJECTIVES = ("time", "memory")
 #: groups expanded into rows at a time (the one with the smallest bound and the next ones still below the K-th
@@ -149,6 +149,9 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
     for name, value in (("--gpus", num_gpus), ("--global-batch", global_batch), ("--seq-len", seq_len)):
         if value < 1:
             raise PlannerError(f"must be >= 1, got {value}", source=name)
+        if value > MAX_CONFIG_INT:  # the walk lists divisors in O(sqrt(n)): larger values would run for hours
+            raise PlannerError(f"must be <= {MAX_CONFIG_INT}, got {value}", source=name,
+                               fix="no real training run is this large")
     if cluster.max_gpus and num_gpus > cluster.max_gpus:
         raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
                            fix=f"use --gpus <= {cluster.max_gpus}")
