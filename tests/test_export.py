@@ -519,3 +519,16 @@ def test_every_valid_config_exports_faithfully_or_is_refused(plan):
             assert strategy["pipeline_model_parallel_size"] == par["pp"]
             assert (strategy["virtual_pipeline_model_parallel_size"] or 1) == par["vpp"]
             assert overrides["data.micro_batch_size"] == batch["micro_batch_size"]
+
+
+@pytest.mark.parametrize("per_stage", [None, (0, 0)])
+def test_full_recompute_of_no_layer_exports_as_no_recompute(per_stage):
+    """recompute "full" with zero recomputed layers per stage is the cost model's "none" (every layer keeps its
+    activations); launchers get no recompute setting, not a recompute count of 0 (Megatron asks for 1 or more)."""
+    plan = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, recompute="full",
+                            recompute_num_layers=0 if per_stage is None else None,
+                            recompute_layers_per_stage=per_stage)
+    assert not any(a.startswith("--recompute") for a in megatron.arguments(plan))
+    assert nemo.recipe_overrides(plan)["model.config.recompute_granularity"] is None
+    assert "--recompute" not in deepspeed.notes(plan)[0]
+    assert torchtitan.sections(plan)["activation_checkpoint"] == {"mode": "none"}

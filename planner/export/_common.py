@@ -108,7 +108,8 @@ def recompute_counts(view: PlanView) -> tuple[int, ...]:
 
 def uniform_recompute_count(view: PlanView) -> int | None | bool:
     """One count ``k`` such that every stage fully recomputes min(k, its layers) (what Megatron's block method
-    does): None when that is every layer, False when no single count describes the plan."""
+    does): None when that is every layer, 0 when no layer is recomputed (the cost model's "none": exporters emit
+    no recompute setting), False when no single count describes the plan."""
     counts, layers = recompute_counts(view), view.layers_per_stage
     if counts == layers:
         return None

@@ -68,9 +68,10 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
         if k is False:
             raise unsupported(LAUNCHER, f"a different number of recomputed layers per stage "
                                         f"({list(recompute_counts(view))})", "plan with one recompute count")
-        args.append("--recompute-granularity full " + ("--recompute-method uniform --recompute-num-layers 1"
-                                                        if k is None else f"--recompute-method block "
-                                                                          f"--recompute-num-layers {k}"))
+        if k != 0:  # 0: no layer recomputed, the cost model's "none"
+            args.append("--recompute-granularity full " + ("--recompute-method uniform --recompute-num-layers 1"
+                                                            if k is None else f"--recompute-method block "
+                                                                              f"--recompute-num-layers {k}"))
     out = ["Megatron-DeepSpeed arguments for the same plan: --deepspeed --deepspeed_config <this file> "
            + " ".join(args)]
     if cfg.ep > 1:

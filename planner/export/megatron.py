@@ -145,7 +145,7 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
                               "recompute count")
         if k is None:  # every layer is its own recompute unit
             args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-        else:  # the first k layers of every chunk are recomputed, the others keep their activations
+        elif k:  # the first k layers of every chunk are recomputed, the others keep their activations (k = 0: none)
             args += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                      str(k)]
     # data parallelism / ZeRO and overlap

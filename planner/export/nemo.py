@@ -87,7 +87,7 @@ def recipe_overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         out["model.config.num_layers_in_last_pipeline_stage"] = last
     if cfg.recompute == "selective":
         out["model.config.recompute_granularity"] = "selective"
-    elif cfg.recompute == "full":
+    elif cfg.recompute == "full" and uniform_recompute_count(view) != 0:
         k = uniform_recompute_count(view)
         out["model.config.recompute_granularity"] = "full"
         out["model.config.recompute_method"] = "uniform" if k is None else "block"
