@@ -343,3 +343,16 @@ def test_a_memory_cap_never_speeds_up_the_optimum(request_, fraction) -> None:
         return
     assert capped.estimate.peak_memory_bytes <= cap_gib * GIB * (1 + REL)
     assert capped.estimate.step_time_s >= free.estimate.step_time_s * (1 - REL)
+
+
+def test_per_stage_recompute_counts_are_checked_against_the_even_split_too():
+    """validity's rule "each between 0 and its stage's layers" holds whether the split is given or the even one."""
+    from planner.cost.validity import config_problems
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import load_model
+
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")  # 32 layers: 16 per stage at pp 2
+    base = RunConfig(num_gpus=16, tp=8, pp=2, global_batch_size=16, recompute="full")
+    assert not config_problems(model, cluster, base.with_(recompute_layers_per_stage=(16, 3)))
+    problems = config_problems(model, cluster, base.with_(recompute_layers_per_stage=(17, 3)))
+    assert [opt for opt, _ in problems] == ["recompute_layers_per_stage"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.cost.schedule import SCHEDULES
-from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
+from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig, even_layer_split
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -74,6 +74,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
                           f"{model.num_layers}"))
     if cfg.recompute_layers_per_stage is not None:
         per_stage = cfg.layers_per_stage
+        if per_stage is None and model.num_layers >= stages:
+            per_stage = even_layer_split(model.num_layers, stages)
         if len(cfg.recompute_layers_per_stage) != stages or min(cfg.recompute_layers_per_stage) < 0 or (
                 per_stage is not None and len(per_stage) == stages
                 and any(k > n for k, n in zip(cfg.recompute_layers_per_stage, per_stage))):
