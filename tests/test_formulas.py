@@ -1,7 +1,5 @@
 """Every formula of the foundation pinned to a published number."""
 
-import math
-
 import pytest
 
 from planner.cost import comm

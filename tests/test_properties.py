@@ -222,10 +222,9 @@ def test_estimate_accepts_exactly_the_valid_configs(model, cluster, tp, pp, vpp,
 # Search invariants (``planner.search.search_plans``, the function behind ``planner plan``)
 # ----------------------------------------------------------------------------------------------------------------
 def _search_plans():
-    search = pytest.importorskip("planner.search")
-    if not hasattr(search, "search_plans"):
-        pytest.skip("planner.search.search_plans not available yet")
-    return search.search_plans
+    from planner.search import search_plans
+
+    return search_plans
 
 
 SEARCH = settings(max_examples=max(1, EXAMPLES * 3 // 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])

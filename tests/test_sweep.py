@@ -105,15 +105,6 @@ def test_cli_sweep_errors():
     assert res.exit_code == 2 and "--model" in res.stderr
 
 
-def real_search_available() -> bool:
-    try:
-        from planner.search import search_plans  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not real_search_available(), reason="planner.search.search_plans not available yet")
 def test_sweep_with_the_real_search():
     t0 = time.perf_counter()
     df = planner.sweep("llama-3.1-8b", ["h100-80gb-sxm", "a100-80gb-sxm"], [8, 64], [256], [4096], processes=1)
@@ -128,7 +119,6 @@ def test_sweep_with_the_real_search():
     assert elapsed < 30
 
 
-@pytest.mark.skipif(not real_search_available(), reason="planner.search.search_plans not available yet")
 def test_sweep_for_a_launcher():
     df = planner.sweep("llama-3.1-70b", "h100-80gb-sxm", [64], [256], [8192], launcher="megatron", processes=1)
     row = df.iloc[0]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 
-import typer
 from rich.table import Table
 
 from planner.cli.app import app, console, handle_errors

@@ -13,9 +13,9 @@ from planner.cost import comm
 from planner.cost.compute import (ACT_BYTES, PassTimes, embedding_ops, head_ops, layer_ops, model_flops_per_step,
                                   op_time_s, pass_times)
 from planner.cost.context_parallel import cp_layer_cost
-from planner.cost.memory import (StageParams, activation_bytes_per_layer, attention_params, dense_mlp_params,
-                                 embedding_activation_bytes, embedding_params, expert_params_per_layer,
-                                 head_activation_bytes, head_params, layer_params, model_state_bytes, norm_params)
+from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes, embedding_params,
+                                 expert_params_per_layer, head_activation_bytes, head_params, layer_params,
+                                 model_state_bytes, norm_params)
 from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
