@@ -1,6 +1,9 @@
 """Context parallelism: ring attention and DeepSpeed-Ulysses formulas pinned to their papers, the load-balanced
 causal split, long-context attention cost, CP memory, validity rules and the estimate at 32K-1M tokens."""
 
+import dataclasses
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -8,9 +11,9 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.cost import comm
-from planner.cost.compute import layer_ops, model_flops_per_step, op_time_s
+from planner.cost.compute import ATTENTION_CORE_OPS, attention_core_s, layer_ops, model_flops_per_step
 from planner.cost.context_parallel import (balanced_causal_work, cp_layer_cost, kv_bytes_per_token,
-                                           ring_comm_bytes_per_layer, ring_kv_block_bytes, ring_link,
+                                           ring_comm_bytes_per_layer, ring_kv_block_bytes,
                                            ring_min_tokens_per_rank, ulysses_bytes, ulysses_volume_elements)
 from planner.cost.memory import activation_bytes_per_layer
 from planner.cost.step import estimate
@@ -102,9 +105,9 @@ def test_ring_exposed_time_is_zero_exactly_when_the_overlap_condition_holds(clus
     cp, tp, s = 2**cp_exp, 2**tp_exp, 2**seq_exp
     cfg = RunConfig(num_gpus=cp * tp, tp=tp, cp=cp, seq_len=s, global_batch_size=1)
     groups = comm.groups_for(cluster, tp, cp, 1, 1)
-    attn = [o for o in layer_ops(L8B, cfg) if o.name == "attention_core"][0]
-    c = cp_layer_cost(L8B, cluster, cfg, groups.cp, op_time_s(attn, cluster.gpu), attn.bwd_ratio)
-    assert c.step_comm_s == pytest.approx(comm.p2p_s(ring_link(cluster, groups.cp), ring_kv_block_bytes(L8B, cfg)))
+    attn_s, attn_ratio = attention_core_s(layer_ops(L8B, cfg), cluster.gpu, cfg)
+    c = cp_layer_cost(L8B, cluster, cfg, groups.cp, attn_s, attn_ratio)
+    assert c.step_comm_s == pytest.approx(comm.p2p_s(cluster, groups.cp.spans_nodes, ring_kv_block_bytes(L8B, cfg)))
     assert c.overlapped == (c.fwd_exposed_s == 0.0)
     if not c.overlapped:
         assert c.fwd_exposed_s == pytest.approx((cp - 1) * (c.step_comm_s - c.step_compute_s))
@@ -124,9 +127,9 @@ def test_ring_overlap_flips_at_the_analytic_block_size():
         cfg = RunConfig(num_gpus=8 * cp, tp=8, cp=cp, seq_len=s, global_batch_size=1)
         groups = comm.groups_for(H100, 8, cp, 1, 1)
         assert groups.cp.spans_nodes
-        attn = [o for o in layer_ops(GPT22B, cfg) if o.name == "attention_core"][0]
-        c = cp_layer_cost(GPT22B, H100, cfg, groups.cp, op_time_s(attn, gpu), attn.bwd_ratio)
-        assert c.overlapped is hidden
+        attn_s, attn_ratio = attention_core_s(layer_ops(GPT22B, cfg), gpu, cfg)
+        c = cp_layer_cost(GPT22B, H100, cfg, groups.cp, attn_s, attn_ratio)
+        assert bool(c.overlapped) is hidden
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -169,8 +172,11 @@ def test_ulysses_all_to_all_time_uses_the_group_placement():
 # ---------------------------------------------------------------------------------------------------------------
 def test_flash_kernel_halves_the_causal_attention_core():
     cfg = RunConfig(num_gpus=1, seq_len=32768, global_batch_size=1)
-    flash = {o.name: o for o in layer_ops(L8B, cfg)}["attention_core"]
-    dense = {o.name: o for o in layer_ops(L8B, cfg.with_(flash_attention=False))}["attention_core"]
+    flash = {o.name: o for o in layer_ops(L8B, cfg)}
+    dense = {o.name: o for o in layer_ops(L8B, cfg.with_(flash_attention=False))}
+    # one of the two attention-core operators runs, the other has no work
+    assert flash["attention_core_unfused"].flops == 0 and dense["attention_core"].flops == 0
+    flash, dense = flash["attention_core"], dense["attention_core_unfused"]
     assert flash.flops == pytest.approx(dense.flops / 2)
     # 4 s^2 h per layer (Narayanan Eq. 3's s/(6h) term): QK^T and scores x V
     assert dense.flops == pytest.approx(4 * 32768**2 * 4096)
@@ -179,7 +185,7 @@ def test_flash_kernel_halves_the_causal_attention_core():
 def test_s_squared_term_dominates_at_one_million_tokens():
     cfg = RunConfig(num_gpus=64, cp=64, seq_len=2**20, global_batch_size=1)
     ops = layer_ops(L8B, cfg)
-    attn = sum(o.flops for o in ops if o.name == "attention_core")
+    attn = sum(o.flops for o in ops if o.name in ATTENTION_CORE_OPS)
     assert attn / sum(o.flops for o in ops) > 0.95
     # model FLOPs per token: attention's 4 s q_dim per layer against ~6N/3 for the GEMMs
     per_token = model_flops_per_step(L8B, 1, 2**20) / 2**20
@@ -285,3 +291,14 @@ def test_per_layer_cache_matches_the_uncached_layer_cost(tp, cp, ep, pp, zero, k
                     seq_len=32768, global_batch_size=64, sequence_parallel=tp > 1 or zero == 3)
     groups = comm.groups_for(H100, tp, cp, cfg.dp, pp, ep)
     assert _layer_cost(model, H100, cfg, groups, moe) == _layer_cost.__wrapped__(model, H100, cfg, groups, moe)
+    # and equals the batch function's value for this configuration inside a batch of others
+    from planner.cost.step import layer_costs
+    from planner.specs.config import ConfigBatch
+    other = cfg.with_(micro_batch_size=2, cp_kind="ring" if kind == "ulysses" else "ulysses")
+    batch = ConfigBatch.of([other, cfg])
+    bgroups = comm.groups_for(H100, batch.tp, batch.cp, cfg.dp, pp, batch.ep)
+    many = layer_costs(model, H100, batch, bgroups, moe)
+    one = _layer_cost(model, H100, cfg, groups, moe)
+    for f in dataclasses.fields(one):
+        assert np.broadcast_to(getattr(many, f.name), (2,))[1] == pytest.approx(getattr(one, f.name), rel=1e-12,
+                                                                               abs=0), f.name

@@ -141,7 +141,8 @@ def test_group_spanning_nodes_is_limited_by_the_nic():
     assert comm.all_reduce_s(c, one_per_node, M) == pytest.approx(2 * 15 / 16 * M / 10e9)
     four_per_node = comm.place_group(16, 2, 8)  # 4 members per node: 4 NICs' worth of ring bandwidth
     assert comm.all_reduce_s(c, four_per_node, M) == pytest.approx(2 * 15 / 16 * M / 40e9)
-    assert comm.p2p_s(c.inter_node, M) == pytest.approx(M / 10e9)
+    assert comm.p2p_s(c, True, M) == pytest.approx(M / 10e9)
+    assert comm.p2p_s(c, False, M) == pytest.approx(M / 100e9)
 
 
 def test_latency_term_per_ring_step():
@@ -162,5 +163,4 @@ def test_pipeline_link_is_the_nic_once_the_pipeline_spans_nodes(tp, cp, dp, pp, 
     """Every rank's send is costed alike, so the pipeline's slowest hop sets the link (as for the CP ring): the NIC
     as soon as one pair of consecutive stages sits on different nodes."""
     c = _toy_cluster()
-    link = comm.groups_for(c, tp, cp, dp, pp).pp_link
-    assert link is (c.inter_node if crosses else c.intra_node)
+    assert bool(comm.groups_for(c, tp, cp, dp, pp).pp_spans_nodes) is crosses

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from planner.cost.step import estimate
 from planner.cost.validity import config_problems
 from planner.errors import InfeasibleError, PlannerError
-from planner.search.bounds import (data_parallel_floor_s, group_memory_bound, group_tables, group_time_bound, refined_group_bound,
-                                   row_memory_bound, row_time_bound)
+from planner.search.bounds import (group_floors, group_memory_bound, group_tables, group_time_bound,
+                                   rank_times, refined_group_bounds, row_memory_bound, row_time_bound)
 from planner.search.engine import memory_limit_bytes, search
 from planner.search.space import SearchSpace, build_space
 from planner.specs.hardware import GIB, load_cluster
@@ -42,9 +42,9 @@ def brute_force(model, cluster, n, batch, seq, space=SearchSpace(), limit=None):
     sp = build_space(model, cluster, n, batch, seq, space)
     tables = group_tables(model, cluster, sp)
     rows = sp.expand(np.arange(len(sp.groups)))
-    refined = np.array([refined_group_bound(sp, tables, g) for g in range(len(sp.groups))])
-    floors = [data_parallel_floor_s(model, cluster, sp, tables, g) for g in range(len(sp.groups))]
-    coef, coll = np.array([f[0] for f in floors]), np.array([f[1] for f in floors])
+    every = np.arange(len(sp.groups))
+    refined = refined_group_bounds(sp, tables, every)
+    coef, coll, _ = group_floors(model, cluster, sp, tables, every)
     tb = row_time_bound(sp, tables, rows, refined[rows.group], (coef[rows.group], coll[rows.group]))
     mb = row_memory_bound(sp, tables, rows)
     out = []
@@ -69,6 +69,13 @@ CASES = [
      SearchSpace(schedules=("1f1b",), cp_kinds=("ring",), partial_recompute=False, zero_stages=(1, 3))),
 ]
 IDS = ["gpt-4L-4gpu-full-space", "gpt-12L-16gpu", "llama-8b-8gpu", "mixtral-16gpu"]
+#: every runtime option with both of its values (the default space keeps the best value of each alone)
+ALL_OPTIONS = dict(flash_attention=(True, False), tp_comm_overlap=(True, False), overlap_grad_reduce=(True, False),
+                   overlap_param_gather=(True, False), grad_reduce_bytes=(2, 4))
+CASES.append((small_gpt(layers=4, hidden=1024, heads=8), H100, 4, 8, 2048,
+              SearchSpace(partial_recompute=False, schedules=("1f1b", "zb-h1"), zero_stages=(0, 3),
+                          recompute_modes=("none", "full"), **ALL_OPTIONS)))
+IDS.append("gpt-4L-4gpu-every-option")
 
 
 @pytest.mark.parametrize("model,cluster,n,batch,seq,space", CASES, ids=IDS)
@@ -197,96 +204,73 @@ def test_memory_limit_respects_the_cap():
     assert not math.isinf(memory_limit_bytes(H100, 1e9))
 
 
-# ---- the vectorized per-layer costs (planner.search.layer_table) against the scalar cost model ------------------
-_LAYER_FIELDS = ("tp_fwd_s", "tp_bwd_s", "cp_fwd_s", "cp_bwd_s", "ep_fwd_s", "act_bytes", "act_full_bytes",
-                 "act_none_bytes", "cp_buffer_bytes")
-_PASS_FIELDS = ("fwd_s", "bwd_input_s", "bwd_weight_s", "selective_recompute_s")
-
-
-@pytest.mark.parametrize("model_name,cluster_name", [
-    ("gpt3-175b", "a100-80gb-sxm"),  # dense MHA, learned positions, biases, dropout
-    ("llama-3.1-405b", "h100-80gb-sxm"),  # GQA (8 K/V heads: replicated beyond TP 8), gated MLP, RoPE
-    ("mixtral-8x7b", "mi300x-192gb"),  # MoE without shared experts (TP halved by EP), 8-GPU nodes
-    ("deepseek-v3", "h800-80gb-sxm"),  # MLA, shared experts, group-limited routing across nodes
+# ---- one cost model: the search's tables are the cost model's batch functions, equal to estimate() ------------
+@pytest.mark.parametrize("model_name,cluster_name,n,batch,seq", [
+    ("gpt3-175b", "a100-80gb-sxm", 64, 64, 2048),  # dense MHA, learned positions, biases, dropout
+    ("llama-3.1-405b", "h100-80gb-sxm", 128, 64, 8192),  # GQA (8 K/V heads: replicated beyond TP 8), RoPE
+    ("mixtral-8x7b", "mi300x-192gb", 64, 128, 4096),  # MoE without shared experts (TP halved by EP)
+    ("deepseek-v3", "h800-80gb-sxm", 256, 256, 4096),  # MLA, shared experts, group-limited routing across nodes
 ])
-def test_layer_table_equals_the_scalar_layer_cost(model_name, cluster_name):
-    """Every field of ``layer_table.layer_costs`` / ``end_costs`` equals ``step._layer_cost`` (uncached) and the
-    embedding / head pass times on random keys (TP, CP of both kinds inside and across nodes, micro-batch, SP,
-    EP inside and across nodes), so the replica cannot drift from the cost model."""
-    from planner.cost import comm
-    from planner.cost.compute import embedding_ops, head_ops, pass_times
-    from planner.cost.memory import embedding_activation_bytes, head_activation_bytes
-    from planner.cost.step import _layer_cost
-    from planner.search import layer_table
-    from planner.specs.config import CP_KINDS, RunConfig
-
+def test_search_evaluation_equals_estimate_on_random_configurations(model_name, cluster_name, n, batch, seq):
+    """Random rows of a space with every option value and every schedule: the search's per-rank times (built from
+    ``step.layer_costs`` over all the space's layer keys at once) equal what ``estimate()`` (the batch of one)
+    puts on each rank, its exact evaluation is ``estimate()``'s, and every bound stays below the exact value."""
     model, cluster = load_model(model_name), load_cluster(cluster_name)
-    rng = np.random.default_rng(7)
-    n = 120
-    ep_choices = [1, 2, 4, 8, 16, 64] if model.is_moe else [1]
-    keys = np.stack([rng.choice([1, 2, 4, 8], n), rng.choice([1, 2, 4, 8, 16, 64, 256], n), rng.integers(0, 2, n),
-                     rng.choice([1, 2, 3, 5, 16, 128], n), rng.integers(0, 2, n), rng.choice(ep_choices, n)], axis=1)
-    for seq in (2048, 32768):
-        ends = layer_table.end_costs(model, cluster, seq, keys[:, 0], keys[:, 1], keys[:, 3], keys[:, 4])
-        for moe in ((False, True) if model.is_moe else (False,)):
-            vec = layer_table.layer_costs(model, cluster, seq, *keys.T, moe=moe)
-            for i, (t, c, k, b, s, e) in enumerate(keys.tolist()):
-                cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
-                                seq_len=seq, sequence_parallel=bool(s), recompute="selective")
-                lc = _layer_cost.__wrapped__(model, cluster, cfg, comm.groups_for(cluster, t, c, e, 1, e), moe)
-                want = [getattr(lc.pt, f) for f in _PASS_FIELDS] + [getattr(lc, f) for f in _LAYER_FIELDS]
-                got = [vec[f][i] for f in _PASS_FIELDS + _LAYER_FIELDS]
-                np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=f"{model_name} {cfg}")
-                if moe:
-                    continue
-                emb, head = pass_times(embedding_ops(model, cfg), cluster.gpu), pass_times(head_ops(model, cfg),
-                                                                                          cluster.gpu)
-                want = [emb.fwd_s, emb.bwd_s, head.fwd_s, head.bwd_input_s, head.bwd_weight_s,
-                        embedding_activation_bytes(model, cfg), head_activation_bytes(model, cfg)]
-                got = [ends[f][i] for f in ("emb_fwd_s", "emb_bwd_s", "head_fwd_s", "head_bwd_input_s",
-                                            "head_bwd_weight_s", "act_emb_bytes", "head_act_bytes")]
-                np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=f"{model_name} {cfg}")
+    sp = build_space(model, cluster, n, batch, seq, SearchSpace(**ALL_OPTIONS))
+    t = group_tables(model, cluster, sp)
+    rng = np.random.default_rng(11)
+    groups = rng.choice(len(sp.groups), 60, replace=False)
+    F, B, W = rank_times(sp, t, groups)
+    refined = refined_group_bounds(sp, t, groups, (F, B, W))
+    coef, const, _ = group_floors(model, cluster, sp, t, groups, (F, B, W))
+    seen = set()
+    for i, g in enumerate(groups.tolist()):
+        rows = sp.expand(np.array([g]))
+        j = int(rng.integers(len(rows)))
+        for r in sorted({0, j}):  # row 0: no recomputation, whose rank times are exact
+            cfg = sp.config(int(rows.group[r]), int(rows.zero[r]), int(rows.rec[r]))
+            seen.add((cfg.schedule, cfg.flash_attention, cfg.tp_comm_overlap, cfg.overlap_grad_reduce,
+                      cfg.grad_reduce_bytes))
+            exact = estimate(model, cluster, cfg)  # the checked public path
+            assert estimate(model, cluster, cfg, check=False) == exact  # what the search's exact step calls
+            if cfg.recompute == "none":
+                p = cfg.pp
+                np.testing.assert_allclose([s.fwd_s for s in exact.stages], F[i, :p], rtol=1e-12)
+                np.testing.assert_allclose([s.bwd_s - s.bwd_weight_s for s in exact.stages], B[i, :p], rtol=1e-12)
+                np.testing.assert_allclose([s.bwd_weight_s for s in exact.stages], W[i, :p], rtol=1e-12)
+            tb = row_time_bound(sp, t, rows.take([r]), np.array([refined[i]]),
+                                (coef[i:i + 1], const[i:i + 1]))[0]
+            mb = row_memory_bound(sp, t, rows.take([r]))[0]
+            assert tb <= exact.step_time_s * (1 + 1e-9), cfg
+            assert mb <= exact.peak_memory_bytes * (1 + 1e-9), cfg
+    assert len({x[0] for x in seen}) >= 4 and {x[1] for x in seen} == {True, False}
 
 
-def test_group_layer_tables_equal_the_scalar_composition():
-    """The bounds' per-key tables built from the vectorized layer costs equal those built from ``_layer_cost``."""
-    from planner.search.bounds import _layer_tables, _layer_tables_scalar, _unique_rows
+def test_runtime_options_are_dominated_so_the_default_space_loses_nothing():
+    """The default space keeps each runtime option's best value alone (SearchSpace's comment): widening every option
+    to both values finds the same optimum, now that the search can explore them."""
+    model = load_model("llama-3.1-8b")
+    narrow = search(model, H100, 16, 32, 8192, top=0, refine_partition=False)
+    wide = search(model, H100, 16, 32, 8192, top=0, refine_partition=False, space=SearchSpace(**ALL_OPTIONS))
+    assert wide.stats["candidates"] > 8 * narrow.stats["candidates"]
+    assert wide.best.estimate.step_time_s == pytest.approx(narrow.best.estimate.step_time_s, rel=1e-12)
+    # and an option the space excludes is never chosen
+    off = search(model, H100, 16, 32, 8192, top=2, refine_partition=False,
+                 space=SearchSpace(tp_comm_overlap=(False,), flash_attention=(False,)))
+    assert all(not c.config.tp_comm_overlap and not c.config.flash_attention for c in off.ranked)
 
+
+def test_search_picks_tp_comm_overlap_where_tensor_parallelism_runs():
+    res = search(load_model("gpt3-175b"), A100, 1024, 1536, 2048, top=3)
+    assert any(c.config.tp > 1 for c in res.ranked)
+    for c in res.ranked:
+        assert c.config.tp_comm_overlap == (c.config.tp > 1 and c.config.sequence_parallel)
+
+
+def test_memory_bound_of_a_subset_equals_the_whole_space_s():
     model, cluster = load_model("mixtral-8x7b"), H100
     sp = build_space(model, cluster, 64, 256, 4096)
-    uniq, _ = _unique_rows(*(sp.col(k) for k in ("tp", "cp", "cp_kind", "mb", "sp", "ep")))
-    assert len(uniq) > 500
-    vec, ref = _layer_tables(model, cluster, 4096, uniq), _layer_tables_scalar(model, cluster, 4096, uniq)
-    assert vec.keys() == ref.keys()
-    for name in ref:
-        np.testing.assert_allclose(vec[name], ref[name], rtol=1e-12, atol=0, err_msg=name)
-
-
-@pytest.mark.parametrize("model_name,cluster_name,n,batch,seq", [
-    ("mixtral-8x7b", "h100-80gb-sxm", 64, 256, 4096),  # MoE: EP groups, six checked ranks
-    ("llama-3.1-8b", "a100-80gb-sxm", 128, 256, 8192),  # dense, every schedule incl. interleaved and ZB-V
-])
-def test_vectorized_group_bounds_equal_the_per_group_ones(model_name, cluster_name, n, batch, seq):
-    """The engine's batch bounds (``refined_group_bounds``, ``group_floors``, ``floored_group_bound``, the memory
-    bound of a subset) equal the per-group functions they vectorize, on 1,500 random groups of the space."""
-    from planner.search.bounds import (_optimizer_floats, floored_group_bound, group_floors, refine_group,
-                                       refined_group_bounds)
-
-    model, cluster = load_model(model_name), load_cluster(cluster_name)
-    sp = build_space(model, cluster, n, batch, seq)
     t = group_tables(model, cluster, sp)
-    g = np.arange(len(sp.groups))
-    assert len(set(sp.schedules[i] for i in sp.col("sched"))) >= 5
-    refined = refined_group_bounds(sp, t, g)
-    coef, const, opt = group_floors(model, cluster, sp, t, g)
-    cheap = group_time_bound(sp, t)
-    bound = floored_group_bound(sp, np.maximum(cheap, refined), coef, const, opt)
-    for i in np.random.default_rng(5).choice(len(g), 1500, replace=False).tolist():
-        assert refined[i] == refined_group_bound(sp, t, i)
-        a, c = data_parallel_floor_s(model, cluster, sp, t, i)
-        np.testing.assert_array_equal(coef[i], a)
-        np.testing.assert_array_equal(const[i], c)
-        np.testing.assert_array_equal(opt[i], _optimizer_floats(sp, t, i))
-        assert bound[i] == refine_group(model, cluster, sp, t, i, float(cheap[i]))[0]
-    subset = np.random.default_rng(3).choice(len(g), 200, replace=False)
+    subset = np.random.default_rng(3).choice(len(sp.groups), 200, replace=False)
     np.testing.assert_array_equal(group_memory_bound(sp, t, subset), group_memory_bound(sp, t)[subset])
+

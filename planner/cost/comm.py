@@ -18,83 +18,93 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.specs.hardware import Cluster, Link
+import numpy as np
+
+from planner.specs.hardware import Cluster
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GroupPlacement:
-    """Where the n members of one process group sit: members per node, and whether the group spans nodes."""
+    """Where the n members of one process group sit: members per node, and whether the group spans nodes (numbers
+    for one group, or arrays over a batch of configurations)."""
 
-    size: int
-    members_per_node: int
-    spans_nodes: bool
-
-
-def place_group(size: int, stride: int, gpus_per_node: int) -> GroupPlacement:
-    """Members of a group of ``size`` ranks spaced ``stride`` apart (stride = product of faster-varying degrees)."""
-    if size <= 1:
-        return GroupPlacement(1, 1, False)
-    if stride >= gpus_per_node:
-        return GroupPlacement(size, 1, True)
-    per_node = max(1, gpus_per_node // stride)
-    if size <= per_node:
-        return GroupPlacement(size, size, False)
-    return GroupPlacement(size, per_node, True)
+    size: int | np.ndarray
+    members_per_node: int | np.ndarray
+    spans_nodes: bool | np.ndarray
 
 
-def ring_link(cluster: Cluster, g: GroupPlacement) -> tuple[float, float]:
-    """(bus bandwidth bytes/s, per-step latency s) that a ring collective over this group reaches."""
+def place_group(size, stride, gpus_per_node: int) -> GroupPlacement:
+    """Members of a group of ``size`` ranks spaced ``stride`` apart (stride = product of faster-varying degrees):
+    one member when size is 1; one per node when the stride is a node or more; all in one node when they fit in
+    the gpus_per_node / stride slots a node has; else that many per node, spanning nodes."""
+    size, stride = np.asarray(size, dtype=np.int64), np.asarray(stride, dtype=np.int64)
+    per_node = np.maximum(1, gpus_per_node // stride)
+    single = size <= 1
+    wide = ~single & (stride >= gpus_per_node)
+    inside = ~single & ~wide & (size <= per_node)
+    return GroupPlacement(size=np.where(single, 1, size),
+                          members_per_node=np.where(single | wide, 1, np.where(inside, size, per_node)),
+                          spans_nodes=~single & ~inside)
+
+
+def link_of(cluster: Cluster, spans_nodes) -> tuple[np.ndarray, np.ndarray]:
+    """(bus bandwidth bytes/s, latency s) of the link a transfer crosses: the NIC once it leaves the node, else
+    the intra-node link."""
+    bw = np.where(spans_nodes, cluster.inter_node.bus_bandwidth_bytes_per_s,
+                  cluster.intra_node.bus_bandwidth_bytes_per_s)
+    return bw, np.where(spans_nodes, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
+
+
+def ring_link(cluster: Cluster, g: GroupPlacement) -> tuple[np.ndarray, np.ndarray]:
+    """(bus bandwidth bytes/s, per-step latency s) that a ring collective over this group reaches: the intra-node
+    link inside a node; across nodes k NICs' worth (one NCCL channel per NIC), capped by the intra-node link."""
     intra = cluster.intra_node.bus_bandwidth_bytes_per_s
-    if not g.spans_nodes:
-        return intra, cluster.intra_node.latency_s
     inter = cluster.inter_node.bus_bandwidth_bytes_per_s * g.members_per_node
-    return min(intra, inter), cluster.inter_node.latency_s
+    bw = np.where(g.spans_nodes, np.minimum(intra, inter), intra)
+    return bw, np.where(g.spans_nodes, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
 
 
-def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes: float) -> float:
+def _ring_s(cluster: Cluster, g: GroupPlacement, msg_bytes, passes: int):
+    """``passes`` ring passes of (n-1)/n M over the group's ring link, each with n-1 latency steps; 0 for one
+    member or an empty message."""
+    n = g.size
+    bw, lat = ring_link(cluster, g)
+    t = passes * ((n - 1) / n * msg_bytes / bw + (n - 1) * lat)
+    return np.where((n <= 1) | (np.asarray(msg_bytes) <= 0), 0.0, t)
+
+
+def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
     """Ring all-reduce: 2 (n-1)/n M / beta + 2 (n-1) alpha (Thakur et al. 2005; formulas.md)."""
-    n = g.size
-    if n <= 1 or msg_bytes <= 0:
-        return 0.0
-    bw, lat = ring_link(cluster, g)
-    return 2 * (n - 1) / n * msg_bytes / bw + 2 * (n - 1) * lat
+    return _ring_s(cluster, g, msg_bytes, 2)
 
 
-def reduce_scatter_s(cluster: Cluster, g: GroupPlacement, msg_bytes: float) -> float:
+def reduce_scatter_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
     """Ring reduce-scatter (or all-gather) of a full M-byte buffer: (n-1)/n M / beta + (n-1) alpha."""
-    n = g.size
-    if n <= 1 or msg_bytes <= 0:
-        return 0.0
-    bw, lat = ring_link(cluster, g)
-    return (n - 1) / n * msg_bytes / bw + (n - 1) * lat
+    return _ring_s(cluster, g, msg_bytes, 1)
 
 
 all_gather_s = reduce_scatter_s
 
 
-def all_to_all_s(cluster: Cluster, g: GroupPlacement, msg_bytes: float) -> float:
+def all_to_all_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
     """All-to-all where each rank holds M bytes and keeps 1/n of them: (n-1)/n M / beta + (n-1) alpha.
 
     Across nodes the (n-k)/n share bound for other nodes goes through the GPU's own NIC (no ring trick helps an
     all-to-all), the (k-1)/n share for peers in the node over NVLink; the slower of the two bounds the time.
     """
-    n = g.size
-    if n <= 1 or msg_bytes <= 0:
-        return 0.0
-    intra = cluster.intra_node
-    if not g.spans_nodes:
-        return (n - 1) / n * msg_bytes / intra.bus_bandwidth_bytes_per_s + (n - 1) * intra.latency_s
-    k = g.members_per_node
-    t_inter = (n - k) / n * msg_bytes / cluster.inter_node.bus_bandwidth_bytes_per_s
+    n, k = g.size, g.members_per_node
+    intra, inter = cluster.intra_node, cluster.inter_node
+    inside = (n - 1) / n * msg_bytes / intra.bus_bandwidth_bytes_per_s + (n - 1) * intra.latency_s
+    t_inter = (n - k) / n * msg_bytes / inter.bus_bandwidth_bytes_per_s
     t_intra = (k - 1) / n * msg_bytes / intra.bus_bandwidth_bytes_per_s
-    return max(t_inter, t_intra) + (n - 1) * cluster.inter_node.latency_s
+    across = np.maximum(t_inter, t_intra) + (n - 1) * inter.latency_s
+    return np.where((n <= 1) | (np.asarray(msg_bytes) <= 0), 0.0, np.where(g.spans_nodes, across, inside))
 
 
-def p2p_s(link: Link, msg_bytes: float) -> float:
-    """Point-to-point send of M bytes: M / beta + alpha."""
-    if msg_bytes <= 0:
-        return 0.0
-    return msg_bytes / link.bus_bandwidth_bytes_per_s + link.latency_s
+def p2p_s(cluster: Cluster, spans_nodes, msg_bytes):
+    """Point-to-point send of M bytes over the NIC (``spans_nodes``) or the intra-node link: M / beta + alpha."""
+    bw, lat = link_of(cluster, spans_nodes)
+    return np.where(np.asarray(msg_bytes) <= 0, 0.0, msg_bytes / bw + lat)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -105,19 +115,17 @@ class Groups:
     tp: GroupPlacement
     cp: GroupPlacement
     ep: GroupPlacement
-    pp_link: Link  # the link a pipeline send crosses
+    pp_spans_nodes: bool | np.ndarray  # a pipeline send crosses the NIC (else the intra-node link)
 
 
-def groups_for(cluster: Cluster, tp: int, cp: int, dp: int, pp: int, ep: int = 1) -> Groups:
-    """Placement of each group under Megatron's default rank order tp-cp-ep-dp-pp. (The data-parallel groups,
-    DP x CP for dense and DP x CP / EP for expert weights, are placed where ``planner.cost.step`` reduces them.)"""
+def groups_for(cluster: Cluster, tp, cp, dp, pp, ep=1) -> Groups:
+    """Placement of each group under Megatron's default rank order tp-cp-ep-dp-pp (numbers, or arrays over a
+    batch). The data-parallel groups, DP x CP for dense and DP x CP / EP for expert weights, are placed by
+    :func:`planner.cost.data_parallel.dp_groups`."""
     gpn = cluster.gpus_per_node
+    tp, cp = np.asarray(tp), np.asarray(cp)
     # every rank's send is costed alike, so the slowest hop sets the link (as for the CP ring): NVLink only when
     # the whole pipeline sits in one node
-    pp_link = cluster.intra_node if (pp == 1 or tp * cp * dp * pp <= gpn) else cluster.inter_node
-    return Groups(
-        tp=place_group(tp, 1, gpn),
-        cp=place_group(cp, tp, gpn),
-        ep=place_group(ep, tp, gpn),
-        pp_link=pp_link,
-    )
+    spans = (np.asarray(pp) > 1) & (tp * cp * np.asarray(dp) * np.asarray(pp) > gpn)
+    return Groups(tp=place_group(tp, 1, gpn), cp=place_group(cp, tp, gpn), ep=place_group(ep, tp, gpn),
+                  pp_spans_nodes=spans)

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.specs.config import RunConfig
+import numpy as np
+
+from planner.specs.config import ConfigBatch, RunConfig
 from planner.specs.hardware import GPU
 from planner.specs.model import ModelSpec
+
+#: one configuration or a batch of them (every per-layer function broadcasts over both)
+Config = RunConfig | ConfigBatch
 
 ACT_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 4  # Megatron keeps the logits and softmax for the cross-entropy in fp32
@@ -23,35 +28,43 @@ LOGIT_BYTES = 4  # Megatron keeps the logits and softmax for the cross-entropy i
 GEMM_BWD_RATIO = 2.0
 #: flash-attention backward recomputes the score matrix: 5 s^2 GEMMs against 2 in forward (Dao 2022, Sec. 3.1.2)
 FLASH_ATTN_BWD_RATIO = 2.5
+#: the attention core's operators: the fused (flash) kernel and, without it, the two batched score / value GEMMs
+ATTENTION_CORE_OPS = ("attention_core", "attention_core_unfused")
 
 
 @dataclass(frozen=True)
 class Op:
     """One operator of one micro-batch on one GPU.
 
-    ``flops`` and ``hbm_bytes`` are forward costs; ``bwd_ratio`` scales them for backward. ``kind`` is one of
+    ``flops`` and ``hbm_bytes`` are forward costs (numbers, or arrays over a batch of configurations; an operator
+    a configuration does not run has 0 of both there); ``bwd_ratio`` scales them for backward. ``kind`` is one of
     "gemm", "attention" or "memory". ``weight_grad_fraction`` is the share of backward spent on weight gradients
     (the W pass of zero-bubble schedules).
     """
 
     name: str
     kind: str
-    flops: float = 0.0
-    hbm_bytes: float = 0.0
+    flops: float | np.ndarray = 0.0
+    hbm_bytes: float | np.ndarray = 0.0
     bwd_ratio: float = GEMM_BWD_RATIO
     weight_grad_fraction: float = 0.5
     recomputed_by_selective: bool = False  # selective recompute redoes this op in backward
-    gemm_flops: float = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
+    gemm_flops: float | np.ndarray = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
 
 
-def _gemm(name: str, m: float, k: float, n: float, batch: float = 1.0, **kw) -> Op:
+def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
     """A (batch of) GEMM(s) of (m x k) by (k x n): 2mkn FLOPs each, and 2 bytes per element of A, B and C moved
     over HBM at least once (the roofline's memory side, which bounds thin GEMMs such as per-head attention)."""
     return Op(name, "gemm", flops=2.0 * m * k * n * batch, hbm_bytes=ACT_BYTES * (m * k + k * n + m * n) * batch,
               gemm_flops=2.0 * m * k * n, **kw)
 
 
-def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
+def sp_degree(cfg: Config):
+    """The degree activations outside the TP regions are split by: TP with sequence parallelism, else 1."""
+    return np.where(cfg.sequence_parallel, cfg.tp, 1)
+
+
+def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     """Operators of one transformer layer, one micro-batch, on one GPU (after TP, CP and SP sharding).
 
     Tokens per GPU are b*s/cp; GEMM output dims are split by TP. Attention core FLOPs: 4*b*s^2*h per layer
@@ -61,6 +74,7 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
     t, cp = cfg.tp, cfg.cp
     T = cfg.tokens_per_rank  # tokens on this GPU
     h = model.hidden_size
+    flash = np.asarray(cfg.flash_attention, dtype=bool)
     ops: list[Op] = []
     # ---- attention --------------------------------------------------------------------------------------------
     if model.is_mla:
@@ -70,31 +84,27 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
     s_kv = cfg.seq_len  # each query attends to the whole (causal) sequence, whatever the CP split
     # QK^T (2 T s q) and scores x V (2 T s out): 4 T s q_dim for standard attention; MLA's value head is narrower
     core_flops = 2.0 * T * s_kv * (model.attn_q_dim + model.attn_out_dim) / t
-    if cfg.flash_attention:
-        ops.append(Op("attention_core", "attention", flops=core_flops * 0.5, bwd_ratio=FLASH_ATTN_BWD_RATIO,
-                      weight_grad_fraction=0.0, recomputed_by_selective=False))
-    else:
-        # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d);
-        # with head size d ~ 100 they are thin, so the roofline's memory side matters
-        heads = cfg.micro_batch_size * model.num_heads / t
-        d = model.head_size
-        s_q = cfg.seq_len / cp
-        qk = _gemm("attention_scores", s_q, d, s_kv, batch=heads, weight_grad_fraction=0.0,
-                   recomputed_by_selective=True)
-        ops.append(Op("attention_core", "gemm", flops=core_flops, hbm_bytes=2 * qk.hbm_bytes,
-                      gemm_flops=qk.gemm_flops, weight_grad_fraction=0.0, recomputed_by_selective=True))
-        # scale-mask-softmax + dropout over the a*s*s score matrix: read 2 B, write 2 B, dropout read/write + mask
-        per_score = (2 + 2 + 2 + 2 + 1) if model.dropout else (2 + 2)
-        score_elems = T * s_kv * model.num_heads / t
-        ops.append(Op("softmax_dropout", "memory", hbm_bytes=per_score * score_elems, bwd_ratio=1.0,
-                      weight_grad_fraction=0.0, recomputed_by_selective=True))
+    ops.append(Op("attention_core", "attention", flops=np.where(flash, core_flops * 0.5, 0.0),
+                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, recomputed_by_selective=False))
+    # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
+    # head size d ~ 100 they are thin, so the roofline's memory side matters
+    heads = cfg.micro_batch_size * model.num_heads / t
+    qk = _gemm("attention_scores", cfg.seq_len / cp, model.head_size, s_kv, batch=heads)
+    ops.append(Op("attention_core_unfused", "gemm", flops=np.where(flash, 0.0, core_flops),
+                  hbm_bytes=np.where(flash, 0.0, 2 * qk.hbm_bytes), gemm_flops=qk.gemm_flops,
+                  weight_grad_fraction=0.0, recomputed_by_selective=True))
+    # scale-mask-softmax + dropout over the a*s*s score matrix: read 2 B, write 2 B, dropout read/write + mask
+    per_score = (2 + 2 + 2 + 2 + 1) if model.dropout else (2 + 2)
+    score_elems = T * s_kv * model.num_heads / t
+    ops.append(Op("softmax_dropout", "memory", hbm_bytes=np.where(flash, 0.0, per_score * score_elems),
+                  bwd_ratio=1.0, weight_grad_fraction=0.0, recomputed_by_selective=True))
     ops.append(_gemm("attn_out_proj", T, model.attn_out_dim / t, h))
     # ---- MLP / MoE --------------------------------------------------------------------------------------------
     n_mats = 3 if model.gated_mlp else 2
+    sp = sp_degree(cfg)
     if moe:
         k = model.experts_per_token
         f = model.moe_ffn_hidden_size
-        sp = t if cfg.sequence_parallel else 1
         ops.append(_gemm("router", T / sp, h, model.num_experts))  # each TP rank routes its own SP shard
         # routed experts (Megatron-Core MoE, expert TP = TP): after the EP all-to-all and the TP all-gather each
         # GPU holds, with balanced routing, T*k token copies spread over its E/ep local experts, and runs them as a
@@ -118,10 +128,9 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
         ops.append(_gemm("mlp_out", T, f / t, h))
         k = 1
     # ---- memory-bound kernels (bytes moved per token, bf16) ---------------------------------------------------
-    sp_div = t if cfg.sequence_parallel else 1
     norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
     resid_elems = 3 + (0.5 if model.dropout else 0)  # fused bias-dropout-add: read x and residual, write; 1-B mask
-    per_token_h = (2 * norm_elems + 2 * resid_elems) / sp_div  # two norms, two residual adds per layer
+    per_token_h = (2 * norm_elems + 2 * resid_elems) / sp  # two norms, two residual adds per layer
     ffn_width = (model.moe_ffn_hidden_size * k if moe else model.ffn_hidden_size) / t
     act_elems = (3 * ffn_width) if model.gated_mlp else (2 * ffn_width)  # SwiGLU: read 2f write f; GeLU: r+w
     rope_elems = 0 if model.learned_positions else 2 * (model.q_dim + model.kv_dim) / t
@@ -130,7 +139,7 @@ def layer_ops(model: ModelSpec, cfg: RunConfig, moe: bool = False) -> list[Op]:
     return ops
 
 
-def mla_projection_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
+def mla_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     """Multi-head latent attention projections (DeepSeek-V2 paper, Sec. 2.1.2; shapes as in
     :func:`planner.cost.memory.mla_params`). The down-projections to the latents are small and kept whole on every
     TP rank (an approximation of Megatron-Core's MLA); the up-projections are split by heads over TP. Costed
@@ -150,15 +159,14 @@ def mla_projection_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
     return ops
 
 
-def embedding_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
+def embedding_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     """Input embedding lookup (memory-bound gather of b*s rows of h)."""
-    T = cfg.tokens_per_rank
-    rows = T / (cfg.tp if cfg.sequence_parallel else 1)  # with SP the output is scattered along the sequence
+    rows = cfg.tokens_per_rank / sp_degree(cfg)  # with SP the output is scattered along the sequence
     return [Op("embedding", "memory", hbm_bytes=ACT_BYTES * rows * model.hidden_size * 2, bwd_ratio=1.0,
                weight_grad_fraction=1.0)]
 
 
-def head_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
+def head_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     """Final norm, LM head GEMM (2*b*s*h*V, Narayanan Eq. 3's V/(16Lh) term) and the fp32 cross-entropy."""
     T = cfg.tokens_per_rank
     h, V = model.hidden_size, model.vocab_size
@@ -171,12 +179,13 @@ def head_ops(model: ModelSpec, cfg: RunConfig) -> list[Op]:
     ]
 
 
-def op_time_s(op: Op, gpu: GPU) -> float:
+def op_time_s(op: Op, gpu: GPU):
     """Forward time of one operator: FLOPs / (peak x efficiency) for compute, bytes / (HBM BW x efficiency)."""
     if op.kind == "gemm":
         # roofline: the slower of compute at the efficiency of this GEMM size and moving its operands over HBM
-        compute = op.flops / (gpu.peak_flops * gpu.matmul_efficiency(op.gemm_flops or op.flops))
-        return max(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
+        size = np.where(np.asarray(op.gemm_flops) != 0, op.gemm_flops, op.flops)
+        compute = op.flops / (gpu.peak_flops * gpu.matmul_efficiency(size))
+        return np.maximum(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
     if op.kind == "attention":
         return op.flops / (gpu.peak_flops * gpu.attention_efficiency)
     return op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)
@@ -185,15 +194,15 @@ def op_time_s(op: Op, gpu: GPU) -> float:
 @dataclass(frozen=True)
 class PassTimes:
     """Times of one micro-batch through a group of ops: forward, input-gradient (B), weight-gradient (W), and the
-    extra forward work under selective recompute."""
+    extra forward work under selective recompute (numbers, or arrays over a batch)."""
 
-    fwd_s: float
-    bwd_input_s: float
-    bwd_weight_s: float
-    selective_recompute_s: float
+    fwd_s: float | np.ndarray
+    bwd_input_s: float | np.ndarray
+    bwd_weight_s: float | np.ndarray
+    selective_recompute_s: float | np.ndarray
 
     @property
-    def bwd_s(self) -> float:
+    def bwd_s(self):
         return self.bwd_input_s + self.bwd_weight_s
 
 
@@ -202,12 +211,26 @@ def pass_times(ops: list[Op], gpu: GPU) -> PassTimes:
     for op in ops:
         tf = op_time_s(op, gpu)
         tb = tf * op.bwd_ratio
-        fwd += tf
-        bwd_w += tb * op.weight_grad_fraction
-        bwd_in += tb * (1.0 - op.weight_grad_fraction)
+        fwd = fwd + tf
+        bwd_w = bwd_w + tb * op.weight_grad_fraction
+        bwd_in = bwd_in + tb * (1.0 - op.weight_grad_fraction)
         if op.recomputed_by_selective:
-            sel += tf
+            sel = sel + tf
     return PassTimes(fwd, bwd_in, bwd_w, sel)
+
+
+def attention_core_s(ops: list[Op], gpu: GPU, cfg: Config):
+    """(forward time, backward / forward ratio) of the attention core among ``ops``: the fused kernel's, or the
+    unfused score and value GEMMs' (the ring of context parallelism overlaps its transfers with this time)."""
+    fwd = sum(op_time_s(o, gpu) for o in ops if o.name in ATTENTION_CORE_OPS)
+    ratio = np.where(cfg.flash_attention, FLASH_ATTN_BWD_RATIO, GEMM_BWD_RATIO)
+    return fwd, ratio
+
+
+def linear_gemm_fwd_s(ops: list[Op], gpu: GPU):
+    """Forward time of the layer's linear-layer GEMMs (all GEMMs but the attention core): the window TP
+    communication overlap (``tp_comm_overlap``) can hide collectives under."""
+    return sum(op_time_s(o, gpu) for o in ops if o.kind == "gemm" and o.name not in ATTENTION_CORE_OPS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -224,7 +247,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
     tokens = B * s
     attn_proj = 2 * h * (model.q_dim + 2 * model.kv_dim) + 2 * model.q_dim * h
     if model.is_mla:  # 2 FLOPs per weight of each MLA projection (DeepSeek-V2 Sec. 2.1.2)
-        attn_proj = sum(o.flops for o in mla_projection_ops(model, RunConfig(num_gpus=1, seq_len=1))) + \
+        attn_proj = float(sum(o.flops for o in mla_projection_ops(model, RunConfig(num_gpus=1, seq_len=1)))) + \
             2 * model.attn_out_dim * h
     n_mats = 3 if model.gated_mlp else 2
     dense_mlp = 2 * n_mats * h * model.ffn_hidden_size

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.cost import comm
-from planner.cost.compute import ACT_BYTES
-from planner.specs.config import RunConfig
-from planner.specs.hardware import Cluster, Link
+from planner.cost.compute import ACT_BYTES, Config
+from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
 #: bytes per element of the K/V blocks and of their gradients passed around the ring (bf16)
@@ -51,12 +52,12 @@ RING_BWD_BUFFERS = 4
 # ---------------------------------------------------------------------------------------------------------------
 # Shapes
 # ---------------------------------------------------------------------------------------------------------------
-def kv_heads_per_tp_rank(model: ModelSpec, tp: int) -> float:
+def kv_heads_per_tp_rank(model: ModelSpec, tp):
     """K/V heads one TP rank holds: a share of them, or one replicated head when TP exceeds the K/V heads (GQA)."""
-    return max(model.attn_kv_heads / tp, 1.0)
+    return np.maximum(model.attn_kv_heads / np.asarray(tp), 1.0)
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int) -> float:
+def kv_bytes_per_token(model: ModelSpec, tp):
     """Bytes of K and V of one token on one TP rank (MLA: per-head keys of nope + rope, values of v_head_dim)."""
     heads = model.attn_kv_heads
     k_head, v_head = model.attn_k_dim / heads, model.attn_v_dim / heads
@@ -91,26 +92,24 @@ def balanced_causal_work(cp: int) -> list[list[float]]:
     return out
 
 
-def ring_kv_block_bytes(model: ModelSpec, cfg: RunConfig) -> float:
+def ring_kv_block_bytes(model: ModelSpec, cfg: Config):
     """Bytes sent per ring step per GPU in forward: the K and V of the T = b s / cp local tokens (after TP)."""
     return cfg.tokens_per_rank * kv_bytes_per_token(model, cfg.tp)
 
 
-def ring_comm_bytes_per_layer(model: ModelSpec, cfg: RunConfig) -> tuple[float, float]:
+def ring_comm_bytes_per_layer(model: ModelSpec, cfg: Config):
     """(forward, backward) bytes one GPU sends per layer: cp - 1 K/V blocks forward, twice that backward."""
-    if cfg.cp <= 1:
-        return 0.0, 0.0
-    fwd = (cfg.cp - 1) * ring_kv_block_bytes(model, cfg)
+    fwd = np.where(np.asarray(cfg.cp) > 1, (cfg.cp - 1) * ring_kv_block_bytes(model, cfg), 0.0)
     return fwd, RING_BWD_BYTES_RATIO * fwd
 
 
-def ring_block_flops(model: ModelSpec, cfg: RunConfig) -> float:
+def ring_block_flops(model: ModelSpec, cfg: Config):
     """Forward attention FLOPs of one ring step on one GPU: Q of T tokens against K/V of T tokens,
     2 T^2 (q + out widths) / tp (QK^T and scores x V), halved by a kernel that skips masked blocks
     (each step is half a block under the balanced split, :func:`balanced_causal_work`)."""
     T = cfg.tokens_per_rank
     full = 2.0 * T * T * (model.attn_q_dim + model.attn_out_dim) / cfg.tp
-    return full * (0.5 if cfg.flash_attention else 1.0)
+    return full * np.where(cfg.flash_attention, 0.5, 1.0)
 
 
 def ring_min_tokens_per_rank(peak_flops: float, link_bytes_per_s: float, causal_skip: bool = False) -> float:
@@ -120,12 +119,7 @@ def ring_min_tokens_per_rank(peak_flops: float, link_bytes_per_s: float, causal_
     return (2.0 if causal_skip else 1.0) * peak_flops / link_bytes_per_s
 
 
-def ring_link(cluster: Cluster, g: comm.GroupPlacement) -> Link:
-    """The link a ring step crosses: NVLink inside one node, else the NIC (the slowest hop bounds each step)."""
-    return cluster.inter_node if g.spans_nodes else cluster.intra_node
-
-
-def ring_overlap_holds(step_compute_s: float, step_comm_s: float) -> bool:
+def ring_overlap_holds(step_compute_s, step_comm_s):
     """Liu et al. 2023 Sec. 3: the ring is free when one block's compute covers one block's transfer."""
     return step_compute_s >= step_comm_s
 
@@ -139,14 +133,14 @@ def ulysses_volume_elements(seq_len: int, hidden: int, p: int) -> float:
     return 4.0 * seq_len * hidden / p
 
 
-def ulysses_bytes(model: ModelSpec, cfg: RunConfig) -> tuple[float, float]:
+def ulysses_bytes(model: ModelSpec, cfg: Config):
     """(Q/K/V, output) bytes one GPU holds going into the two all-to-alls (the all-to-all moves (cp-1)/cp of them).
 
     K/V heads per TP rank fewer than cp are replicated so every rank gets one: max(kv heads / tp, cp) heads.
     """
     T = cfg.tokens_per_rank
     heads = model.attn_kv_heads
-    kv_heads = max(kv_heads_per_tp_rank(model, cfg.tp), float(cfg.cp))
+    kv_heads = np.maximum(kv_heads_per_tp_rank(model, cfg.tp), np.asarray(cfg.cp, dtype=float))
     kv = kv_heads * (model.attn_k_dim + model.attn_v_dim) / heads
     qkv = T * (model.attn_q_dim / cfg.tp + kv) * ACT_BYTES
     out = T * model.attn_out_dim / cfg.tp * ACT_BYTES
@@ -158,47 +152,52 @@ def ulysses_bytes(model: ModelSpec, cfg: RunConfig) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CPCost:
-    """Context-parallel cost of one layer, one micro-batch, on one GPU."""
+    """Context-parallel cost of one layer, one micro-batch, on one GPU (numbers, or arrays over a batch)."""
 
-    fwd_exposed_s: float  # communication left on the critical path in forward
-    bwd_exposed_s: float  # ... in backward
-    fwd_bytes: float  # bytes sent in forward
-    bwd_bytes: float
-    buffer_bytes: float  # transient receive buffers (workspace)
-    step_compute_s: float = 0.0  # ring: forward attention time of one step
-    step_comm_s: float = 0.0  # ring: forward transfer time of one K/V block
+    fwd_exposed_s: float | np.ndarray  # communication left on the critical path in forward
+    bwd_exposed_s: float | np.ndarray  # ... in backward
+    fwd_bytes: float | np.ndarray  # bytes sent in forward
+    bwd_bytes: float | np.ndarray
+    buffer_bytes: float | np.ndarray  # transient receive buffers (workspace)
+    step_compute_s: float | np.ndarray = 0.0  # ring: forward attention time of one step
+    step_comm_s: float | np.ndarray = 0.0  # ring: forward transfer time of one K/V block
 
     @property
-    def overlapped(self) -> bool:
+    def overlapped(self):
         return ring_overlap_holds(self.step_compute_s, self.step_comm_s)
 
 
-NO_CP = CPCost(0.0, 0.0, 0.0, 0.0, 0.0)
-
-
-def cp_layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, cp_group: comm.GroupPlacement,
-                  attn_fwd_s: float, attn_bwd_ratio: float) -> CPCost:
+def cp_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, cp_group: comm.GroupPlacement,
+                  attn_fwd_s, attn_bwd_ratio) -> CPCost:
     """CP communication of one layer given the attention core's forward time on this GPU (``attn_fwd_s``, already
     divided by cp and halved for causal skipping) and its backward / forward ratio.
 
     Ring: cp - 1 steps, each exposing max(0, transfer - block compute) in forward and
     max(0, 2 x transfer - bwd_ratio x block compute) in backward (the first step's local block needs no
     transfer). Ulysses: two all-to-alls (Q/K/V, output) in forward and two in backward, not overlapped.
+    Without CP (cp = 1) every field is 0.
     """
-    if cfg.cp <= 1:
-        return NO_CP
-    if cfg.cp_kind == "ulysses":
-        qkv, out = ulysses_bytes(model, cfg)
-        t = comm.all_to_all_s(cluster, cp_group, qkv) + comm.all_to_all_s(cluster, cp_group, out)
-        sent = (cfg.cp - 1) / cfg.cp * (qkv + out)
-        return CPCost(t, t, sent, sent, qkv + out)
+    cp = np.asarray(cfg.cp)
+    has_cp = cp > 1
+    ulysses = np.asarray(cfg.cp_kind) == "ulysses"
+    # Ulysses
+    qkv, out = ulysses_bytes(model, cfg)
+    uly_s = comm.all_to_all_s(cluster, cp_group, qkv) + comm.all_to_all_s(cluster, cp_group, out)
+    uly_sent = (cp - 1) / cp * (qkv + out)
+    # ring
     block = ring_kv_block_bytes(model, cfg)
-    step_comm = comm.p2p_s(ring_link(cluster, cp_group), block)
-    step_compute = attn_fwd_s / cfg.cp
-    steps = cfg.cp - 1
-    fwd = steps * max(0.0, step_comm - step_compute)
-    bwd = steps * max(0.0, comm.p2p_s(ring_link(cluster, cp_group), RING_BWD_BYTES_RATIO * block)
-                      - attn_bwd_ratio * step_compute)
-    fwd_b, bwd_b = ring_comm_bytes_per_layer(model, cfg)
-    buffers = max(RING_FWD_BUFFERS, RING_BWD_BUFFERS) * block
-    return CPCost(fwd, bwd, fwd_b, bwd_b, buffers, step_compute, step_comm)
+    step_comm = comm.p2p_s(cluster, cp_group.spans_nodes, block)
+    step_compute = attn_fwd_s / cp
+    steps = cp - 1
+    ring_fwd = steps * np.maximum(0.0, step_comm - step_compute)
+    ring_bwd = steps * np.maximum(0.0, comm.p2p_s(cluster, cp_group.spans_nodes, RING_BWD_BYTES_RATIO * block)
+                                  - attn_bwd_ratio * step_compute)
+    ring_fwd_b, ring_bwd_b = ring_comm_bytes_per_layer(model, cfg)
+
+    def pick(uly, ring):
+        return np.where(has_cp, np.where(ulysses, uly, ring), 0.0)
+
+    return CPCost(fwd_exposed_s=pick(uly_s, ring_fwd), bwd_exposed_s=pick(uly_s, ring_bwd),
+                  fwd_bytes=pick(uly_sent, ring_fwd_b), bwd_bytes=pick(uly_sent, ring_bwd_b),
+                  buffer_bytes=pick(qkv + out, max(RING_FWD_BUFFERS, RING_BWD_BUFFERS) * block),
+                  step_compute_s=pick(0.0, step_compute), step_comm_s=pick(0.0, step_comm))

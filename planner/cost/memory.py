@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.specs.config import RunConfig
+import numpy as np
+
+from planner.cost.compute import Config, sp_degree
 from planner.specs.model import ModelSpec
 
 WEIGHT_BYTES = 2  # bf16 weights
@@ -120,8 +122,7 @@ def gpt_params_eq2(L: int, h: int, V: int, s: int) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 # Activations
 # ---------------------------------------------------------------------------------------------------------------
-def activation_bytes_per_layer(model: ModelSpec, cfg: RunConfig, recompute: str | None = None,
-                               moe: bool = False) -> float:
+def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | None = None, moe: bool = False):
     """Activation bytes one layer keeps for backward, one micro-batch, on one GPU.
 
     Korthikanti et al. 2022 Table 2, counted tensor by tensor (bytes per token, 16-bit):
@@ -129,13 +130,13 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: RunConfig, recompute: str 
       split by TP: Q 2q, K and V 4kv, attention output 2q, MLP: GELU 4f (input + fc2 input) or SwiGLU 6f
       score matrix (no flash kernel, no selective recompute): 5 a s with dropout (2 a s without), split by TP
     Full recompute keeps only the layer input, 2h (split by TP with SP, as Megatron stores it).
+    ``recompute`` (one mode for the whole batch) defaults to the configuration's own.
     """
-    mode = recompute or cfg.recompute
+    mode = np.asarray(cfg.recompute if recompute is None else recompute)
     t, h = cfg.tp, model.hidden_size
-    sp = t if cfg.sequence_parallel else 1
+    sp = sp_degree(cfg)
     tokens = cfg.tokens_per_rank
-    if mode == "full":
-        return tokens * 2 * h / sp
+    flash = np.asarray(cfg.flash_attention, dtype=bool)
     replicated = 4 * h + 2 * h + 2 * h + (2 * h if model.dropout else 0)
     if moe:
         k = model.experts_per_token
@@ -149,17 +150,16 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: RunConfig, recompute: str 
         split += 4 * model.num_experts  # router logits + probs, fp32 (tiny)
     per_token = replicated / sp + split / t
     if model.is_mla:  # the latents feeding the up-projections, whole on every TP rank (see mla_projection_ops)
-        per_token += 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
+        per_token = per_token + 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
     if moe:
         # Megatron-Core MoE (expert TP = TP): the k permuted token copies entering the experts, gathered whole over
         # TP (2kh), and the expert outputs kept for the routing probabilities' gradient before the combine (2kh on
         # this rank's SP shard)
-        per_token += 2 * model.experts_per_token * h * (1 + 1 / sp)
-    if not cfg.flash_attention and mode == "none":
-        per_token += (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t
-    elif cfg.flash_attention:
-        per_token += 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
-    return tokens * per_token
+        per_token = per_token + 2 * model.experts_per_token * h * (1 + 1 / sp)
+    scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
+    lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
+    per_token = per_token + np.where(flash, lse, np.where(mode == "none", scores, 0.0))
+    return np.where(mode == "full", tokens * 2 * h / sp, tokens * per_token)
 
 
 def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, variant: str) -> float:
@@ -179,43 +179,56 @@ def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, variant: str) -> 
     raise ValueError(variant)
 
 
-def head_activation_bytes(model: ModelSpec, cfg: RunConfig) -> float:
+def head_activation_bytes(model: ModelSpec, cfg: Config):
     """Last stage: final-norm input (2h, split with SP) + bf16 logits (2V/t) + fp32 softmax for the loss (4V/t)."""
-    tokens = cfg.tokens_per_rank
-    sp = cfg.tp if cfg.sequence_parallel else 1
-    return tokens * (2 * model.hidden_size / sp + (2 + LOGIT_BYTES) * model.vocab_size / cfg.tp)
+    return cfg.tokens_per_rank * (2 * model.hidden_size / sp_degree(cfg) + (2 + LOGIT_BYTES) * model.vocab_size /
+                                  cfg.tp)
 
 
-def embedding_activation_bytes(model: ModelSpec, cfg: RunConfig) -> float:
+def embedding_activation_bytes(model: ModelSpec, cfg: Config):
     """First stage: the embedding output (and its dropout mask for GPT), Korthikanti Sec. 4.3."""
-    tokens = cfg.tokens_per_rank
-    sp = cfg.tp if cfg.sequence_parallel else 1
-    return tokens * model.hidden_size * (3 if model.dropout else 2) / sp
+    return cfg.tokens_per_rank * model.hidden_size * (3 if model.dropout else 2) / sp_degree(cfg)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Model states
 # ---------------------------------------------------------------------------------------------------------------
+def layer_params_on_gpu(model: ModelSpec, tp, ep, moe: bool):
+    """(dense, expert) parameters of one decoder layer on one GPU: the non-expert weights split by TP except the two
+    norms (replicated across TP, Megatron), the routed experts split over EP x TP (expert TP = TP)."""
+    norms = 2 * norm_params(model)
+    experts = expert_params_per_layer(model) if moe else 0
+    dense = (layer_params(model, moe=moe) - experts - norms) / np.asarray(tp) + norms
+    return dense, experts / (np.asarray(ep) * tp)
+
+
+def gathered_layer_params(model: ModelSpec, tp, ep, moe: bool):
+    """Parameters ZeRO-3 gathers for one layer on one GPU: the whole layer after TP (and EP for the experts)."""
+    experts = expert_params_per_layer(model) if moe else 0
+    return (layer_params(model, moe=moe) - experts) / np.asarray(tp) + experts / (np.asarray(ep) * tp)
+
+
 @dataclass(frozen=True)
 class StageParams:
-    """Parameters one GPU of a pipeline stage holds (after TP / EP sharding), split by how ZeRO may shard them."""
+    """Parameters one GPU of a pipeline stage holds (after TP / EP sharding), split by how ZeRO may shard them
+    (numbers, or arrays over a batch)."""
 
-    dense: float  # sharded by ZeRO over the DP x CP group
-    expert: float  # sharded by ZeRO over the expert-data-parallel group (DP x CP / EP)
-    largest_layer: float  # the biggest single layer on this GPU (ZeRO-3 gathers it whole)
+    dense: float | np.ndarray  # sharded by ZeRO over the DP x CP group
+    expert: float | np.ndarray  # sharded by ZeRO over the expert-data-parallel group (DP x CP / EP)
+    largest_layer: float | np.ndarray  # the biggest single layer on this GPU (ZeRO-3 gathers it whole)
 
 
-def model_state_bytes(p: StageParams, zero_stage: int, dp_shard: int, expert_dp_shard: int) -> dict[str, float]:
+def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
 
     Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers).
     """
-    def shard(n: float, on: bool, degree: int) -> float:
-        return n / degree if on else n
+    zero_stage, dp_shard = np.asarray(zero_stage), np.asarray(dp_shard)
 
-    w = (shard(p.dense, zero_stage >= 3, dp_shard) + shard(p.expert, zero_stage >= 3, expert_dp_shard)) * WEIGHT_BYTES
-    g = (shard(p.dense, zero_stage >= 2, dp_shard) + shard(p.expert, zero_stage >= 2, expert_dp_shard)) * GRAD_BYTES
-    o = (shard(p.dense, zero_stage >= 1, dp_shard) + shard(p.expert, zero_stage >= 1, expert_dp_shard)) * \
-        OPTIMIZER_BYTES
-    gathered = 2 * p.largest_layer * WEIGHT_BYTES if zero_stage >= 3 and dp_shard > 1 else 0.0
-    return {"weights": w + gathered, "gradients": g, "optimizer": o}
+    def sharded(min_stage: int):
+        on = zero_stage >= min_stage
+        return np.where(on, p.dense / dp_shard, p.dense) + np.where(on, p.expert / expert_dp_shard, p.expert)
+
+    gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * WEIGHT_BYTES, 0.0)
+    return {"weights": sharded(3) * WEIGHT_BYTES + gathered, "gradients": sharded(2) * GRAD_BYTES,
+            "optimizer": sharded(1) * OPTIMIZER_BYTES}

@@ -31,86 +31,83 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.cost import comm
-from planner.cost.compute import ACT_BYTES
+from planner.cost.compute import ACT_BYTES, Config, sp_degree
 from planner.cost.memory import dense_mlp_params
-from planner.specs.config import RunConfig
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
 
-def local_experts(model: ModelSpec, ep: int) -> float:
+def local_experts(model: ModelSpec, ep):
     """Routed experts one EP rank holds: E / ep."""
     return model.num_experts / ep
 
 
-def tokens_per_local_expert(model: ModelSpec, cfg: RunConfig) -> float:
+def tokens_per_local_expert(model: ModelSpec, cfg: Config):
     """Token copies each local expert processes per micro-batch with balanced routing: T k ep / E, T = b s / cp
     (the T k copies of the ep ranks' tokens spread evenly over E experts, E / ep of them here)."""
-    T = cfg.tokens_per_rank
-    return T * model.experts_per_token / local_experts(model, cfg.ep)
+    return cfg.tokens_per_rank * model.experts_per_token / local_experts(model, cfg.ep)
 
 
-def dispatch_bytes(model: ModelSpec, cfg: RunConfig) -> float:
+def dispatch_bytes(model: ModelSpec, cfg: Config):
     """Bytes one GPU feeds into one dispatch (or combine) all-to-all: its T k token copies of h bf16 values, T the
     tokens of its SP shard (b s / (cp tp) with SP)."""
-    T = cfg.tokens_per_rank
-    sp = cfg.tp if cfg.sequence_parallel else 1
-    return T / sp * model.experts_per_token * model.hidden_size * ACT_BYTES
+    return cfg.tokens_per_rank / sp_degree(cfg) * model.experts_per_token * model.hidden_size * ACT_BYTES
 
 
-def ep_all_to_all_bytes_per_layer(model: ModelSpec, cfg: RunConfig) -> float:
+def ep_all_to_all_bytes_per_layer(model: ModelSpec, cfg: Config):
     """Bytes one GPU sends over the network per MoE layer, forward + backward: 4 all-to-alls (dispatch and combine
     each way), of which (ep - 1)/ep of each buffer leaves the GPU."""
-    if cfg.ep <= 1:
-        return 0.0
-    return 4 * (cfg.ep - 1) / cfg.ep * dispatch_bytes(model, cfg)
+    ep = np.asarray(cfg.ep)
+    return np.where(ep > 1, 4 * (ep - 1) / ep * dispatch_bytes(model, cfg), 0.0)
 
 
-def expert_params_per_gpu(model: ModelSpec, cfg: RunConfig) -> float:
+def expert_params_per_gpu(model: ModelSpec, cfg: Config):
     """Routed expert weights of one MoE layer on one GPU: E f-wide MLPs split over ep x TP."""
     return model.num_experts * dense_mlp_params(model, model.moe_ffn_hidden_size) / (cfg.ep * cfg.tp)
 
 
-def expected_nodes_per_token(k: int, nodes: int, max_nodes: int = 0) -> float:
+def expected_nodes_per_token(k: int, nodes, max_nodes=0):
     """Expected distinct nodes a token's k expert copies land on, experts spread evenly over ``nodes`` nodes and
     picked uniformly (balanced routing): n (1 - (1 - 1/n)^k), n = nodes, or n = max_nodes when routing is limited
     to that many nodes (DeepSeek-V3: k = 8 within 4 nodes gives 3.60)."""
-    n = min(nodes, max_nodes) if max_nodes else nodes
-    return n * (1.0 - (1.0 - 1.0 / n) ** k) if n > 0 else 0.0
+    nodes, max_nodes = np.asarray(nodes, dtype=float), np.asarray(max_nodes, dtype=float)
+    n = np.where(max_nodes > 0, np.minimum(nodes, max_nodes), nodes)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(n > 0, n * (1.0 - (1.0 - 1.0 / n) ** k), 0.0)
 
 
-def node_limited_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: RunConfig,
-                              ep_group: comm.GroupPlacement) -> float:
+def node_limited_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: comm.GroupPlacement):
     """One dispatch (or combine) with group-limited routing and per-node deduplication (DeepSeek-V3 Sec. 3.2.2):
     over the NIC each token goes once to each remote node it needs, E[distinct nodes] x (N - 1)/N of them, N the
     nodes of the EP group; over NVLink the receiving GPU forwards the k copies to their experts' GPUs, (g - 1)/g of
     them leaving it (g EP members per node). The slower side bounds the time, plus one latency per peer."""
     g = ep_group.members_per_node
     nodes = -(-ep_group.size // g)  # a last, partly filled node counts
-    limit = model.expert_groups_per_token if model.expert_groups % nodes == 0 else 0
+    limit = np.where(model.expert_groups % nodes == 0, model.expert_groups_per_token, 0)
     per_token = model.hidden_size * ACT_BYTES
-    T = cfg.tokens_per_rank / (cfg.tp if cfg.sequence_parallel else 1)
+    T = cfg.tokens_per_rank / sp_degree(cfg)
     remote = expected_nodes_per_token(model.experts_per_token, nodes, limit) * (nodes - 1) / nodes
     t_inter = T * remote * per_token / cluster.inter_node.bus_bandwidth_bytes_per_s
     t_intra = T * model.experts_per_token * (g - 1) / g * per_token / cluster.intra_node.bus_bandwidth_bytes_per_s
-    return max(t_inter, t_intra) + (nodes - 1) * cluster.inter_node.latency_s + (g - 1) * cluster.intra_node.latency_s
+    return np.maximum(t_inter, t_intra) + (nodes - 1) * cluster.inter_node.latency_s + \
+        (g - 1) * cluster.intra_node.latency_s
 
 
 @dataclass(frozen=True)
 class EPCost:
-    """Expert communication of one MoE layer, one micro-batch, one GPU (all on the critical path)."""
+    """Expert communication of one MoE layer, one micro-batch, one GPU (all on the critical path; numbers, or
+    arrays over a batch)."""
 
-    fwd_s: float
-    bwd_s: float
-    all_to_all_s: float  # one dispatch (or combine) all-to-all
-    expert_tp_s: float  # all-gather + reduce-scatter of the dispatched tokens over TP, one direction
-
-
-NO_EP = EPCost(0.0, 0.0, 0.0, 0.0)
+    fwd_s: float | np.ndarray
+    bwd_s: float | np.ndarray
+    all_to_all_s: float | np.ndarray  # one dispatch (or combine) all-to-all
+    expert_tp_s: float | np.ndarray  # all-gather + reduce-scatter of the dispatched tokens over TP, one direction
 
 
-def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, ep_group: comm.GroupPlacement,
+def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: comm.GroupPlacement,
                   tp_group: comm.GroupPlacement) -> EPCost:
     """Dispatch + combine all-to-alls over the EP group (forward, and again in backward), plus, with TP, the
     all-gather and reduce-scatter of the T k dispatched token copies over the TP group (expert TP).
@@ -118,16 +115,15 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, ep_group: 
     Without EP (ep = 1) the experts see the TP group's tokens through the same all-gather / reduce-scatter of T h
     that a dense MLP does (Megatron's all-gather dispatcher), already counted as TP communication: zero here.
     """
-    if cfg.ep <= 1:
-        return NO_EP
-    if model.expert_groups_per_token and ep_group.spans_nodes:
-        a2a = node_limited_all_to_all_s(model, cluster, cfg, ep_group)
-    else:
-        a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg))
-    etp = 0.0
-    if cfg.tp > 1:
-        T = cfg.tokens_per_rank
-        gathered = T * model.experts_per_token * model.hidden_size * ACT_BYTES
-        etp = comm.all_gather_s(cluster, tp_group, gathered) + comm.reduce_scatter_s(cluster, tp_group, gathered)
+    has_ep = np.asarray(cfg.ep) > 1
+    a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg))
+    if model.expert_groups_per_token:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            limited = node_limited_all_to_all_s(model, cluster, cfg, ep_group)
+        a2a = np.where(ep_group.spans_nodes, limited, a2a)
+    a2a = np.where(has_ep, a2a, 0.0)
+    gathered = cfg.tokens_per_rank * model.experts_per_token * model.hidden_size * ACT_BYTES
+    etp = comm.all_gather_s(cluster, tp_group, gathered) + comm.reduce_scatter_s(cluster, tp_group, gathered)
+    etp = np.where(has_ep, etp, 0.0)  # all_gather_s is 0 for tp = 1
     one_way = 2 * a2a + etp
     return EPCost(one_way, one_way, a2a, etp)

@@ -43,15 +43,19 @@ In-flight micro-batches (activations held), in units of one micro-batch through 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
+
+import numpy as np
 
 Op = tuple[str, int, int]  # (kind "F" | "B" | "W", micro-batch, chunk)
 
 
 @dataclass(frozen=True)
 class PipelineTime:
-    total_s: float  # from the first forward to the last backward of the step
-    bubble_s: float  # total - m x (busiest rank's per-micro-batch time)
+    """Step time of a pipeline (numbers for one pipeline, arrays over a batch of them)."""
+
+    total_s: float | np.ndarray  # from the first forward to the last backward of the step
+    bubble_s: float | np.ndarray  # total - m x (busiest rank's per-micro-batch time)
 
 
 def _default_stage_index(p: int, v: int, rank: int, chunk: int) -> int:
@@ -63,8 +67,9 @@ def _default_stage_index(p: int, v: int, rank: int, chunk: int) -> int:
 class Schedule:
     name: str
     description: str
-    #: (per-rank F, B, W per micro-batch, m, v) -> PipelineTime
-    time: Callable[[Sequence[float], Sequence[float], Sequence[float], int, int], PipelineTime]
+    #: (per-rank F, B, W per micro-batch, m, v) -> PipelineTime; ranks along the last axis of F, B, W, which may
+    #: hold many pipelines as rows (m and v then per row; ranks past a row's p are zeros, which add nothing)
+    time: Callable[..., PipelineTime]
     #: (p, m, v, rank) -> micro-batches of activations the rank holds at its peak
     inflight: Callable[[int, int, int, int], float]
     #: (p, m, v) -> reason the schedule cannot run, or None
@@ -87,65 +92,71 @@ class Schedule:
 # ---------------------------------------------------------------------------------------------------------------
 # Closed-form step times
 # ---------------------------------------------------------------------------------------------------------------
-def _totals(f: Sequence[float], b: Sequence[float], w: Sequence[float]) -> list[float]:
-    return [fi + bi + wi for fi, bi, wi in zip(f, b, w)]
+def _arrays(f, b, w, m) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """F, B, W as float arrays (ranks along the last axis), their per-rank totals t, and m broadcast to t's rows."""
+    f, b, w = (np.asarray(x, dtype=float) for x in (f, b, w))
+    t = f + b + w
+    return f, b, w, t, np.asarray(m)
 
 
-def _flush_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+def _bottleneck_edge(t: np.ndarray, edge_terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(t of the first busiest rank, sum of ``edge_terms`` over the other ranks), per row."""
+    k = np.argmax(t, axis=-1)
+    others = np.arange(t.shape[-1]) != k[..., None]
+    return np.take_along_axis(t, k[..., None], axis=-1)[..., 0], np.where(others, edge_terms, 0.0).sum(axis=-1)
+
+
+def _time(total, m, tmax) -> PipelineTime:
+    return PipelineTime(total, total - m * tmax)
+
+
+def _flush_time(f, b, w, m, v) -> PipelineTime:
     """GPipe / 1F1B, Narayanan et al. 2021 Sec. 2.2: (m - 1) max t + sum t; (m + p - 1) t for equal stages."""
-    t = _totals(f, b, w)
-    tmax = max(t)
-    total = (m - 1) * tmax + sum(t)
-    return PipelineTime(total, total - m * tmax)
+    f, b, w, t, m = _arrays(f, b, w, m)
+    tmax = t.max(axis=-1)
+    return _time((m - 1) * tmax + t.sum(axis=-1), m, tmax)
 
 
-def _interleaved_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+def _interleaved_time(f, b, w, m, v) -> PipelineTime:
     """Interleaved 1F1B / breadth-first, Narayanan et al. 2021 Sec. 2.2: bubble (p - 1)/(v m) of m t."""
-    t = _totals(f, b, w)
-    tmax = max(t)
-    total = m * tmax + (sum(t) - tmax) / v
-    return PipelineTime(total, total - m * tmax)
+    f, b, w, t, m = _arrays(f, b, w, m)
+    tmax = t.max(axis=-1)
+    return _time(m * tmax + (t.sum(axis=-1) - tmax) / np.asarray(v), m, tmax)
 
 
-def _zb_h1_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+def _zb_h1_time(f, b, w, m, v) -> PipelineTime:
     """ZB-H1, Qi et al. 2023 Sec. 3.1: bubble (p - 1)(F + B - W) against 1F1B's (p - 1)(F + B + W).
 
     Per-rank form: the fill walks the other ranks' F, the drain their B, each less the W that fills its slot:
     T = m max t + sum_{r != bottleneck} (F_r + B_r - W_r).
     """
-    t = _totals(f, b, w)
-    k = t.index(max(t))
-    edge = sum(f[r] + b[r] - min(w[r], f[r], b[r]) for r in range(len(t)) if r != k)
-    total = m * t[k] + edge
-    return PipelineTime(total, total - m * t[k])
+    f, b, w, t, m = _arrays(f, b, w, m)
+    tk, edge = _bottleneck_edge(t, f + b - np.minimum(np.minimum(w, f), b))
+    return _time(m * tk + edge, m, tk)
 
 
-def _zbv_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+def _zbv_time(f, b, w, m, v) -> PipelineTime:
     """ZB-V (Qi et al. 2024 Sec. 6) as its static order plays out: each fill / drain hop is one chunk (half a
     rank's layers), and where W is short the drain's B's outrun the W's placed between them:
     T = m max t + sum_{r != bottleneck} max(B_r - W_r, B_r / 2, F_r / 2) (per-rank F, B, W of both chunks);
     (p - 1) F / 2 for F = B = W, which Qi et al.'s post-validation of the optimizer step would also hide. Exact
     against the simulator when W <= F <= B (real layers: B adds attention backward and recomputation to the
     input-gradient GEMMs)."""
-    t = _totals(f, b, w)
-    k = t.index(max(t))
-    edge = sum(max(b[r] - w[r], b[r] / 2, f[r] / 2) for r in range(len(t)) if r != k)
-    total = m * t[k] + edge
-    return PipelineTime(total, total - m * t[k])
+    f, b, w, t, m = _arrays(f, b, w, m)
+    tk, edge = _bottleneck_edge(t, np.maximum(np.maximum(b - w, b / 2), f / 2))
+    return _time(m * tk + edge, m, tk)
 
 
-def _zb_h2_time(f: Sequence[float], b: Sequence[float], w: Sequence[float], m: int, v: int) -> PipelineTime:
+def _zb_h2_time(f, b, w, m, v) -> PipelineTime:
     """ZB-H2, Qi et al. 2023 Sec. 3.1: 2p - 1 warm-up forwards fill the start and deferred W's the end, which
     leaves the last rank's wait for its first input, (p - 1) F, plus (p - 1) max(0, B - 2W) where W's are too
     short to cover the drain. Per-rank form: T = m max t + sum_{r != bottleneck} (F_r + max(0, B_r - 2 W_r)).
     Without Qi et al.'s post-validation of the optimizer step (which lets iterations overlap) the (p - 1) F fill
     stays: this is the step time a synchronous optimizer step sees.
     """
-    t = _totals(f, b, w)
-    k = t.index(max(t))
-    edge = sum(f[r] + max(0.0, b[r] - 2 * min(w[r], f[r], b[r])) for r in range(len(t)) if r != k)
-    total = m * t[k] + edge
-    return PipelineTime(total, total - m * t[k])
+    f, b, w, t, m = _arrays(f, b, w, m)
+    tk, edge = _bottleneck_edge(t, f + np.maximum(0.0, b - 2 * np.minimum(np.minimum(w, f), b)))
+    return _time(m * tk + edge, m, tk)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -6,16 +6,20 @@ recomputation) + exposed data-parallel communication + optimizer step.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 
+import numpy as np
+
 from planner.cost import comm
-from planner.cost.compute import (ACT_BYTES, PassTimes, embedding_ops, head_ops, layer_ops, model_flops_per_step,
-                                  op_time_s, pass_times)
+from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding_ops, head_ops, layer_ops,
+                                  linear_gemm_fwd_s, model_flops_per_step, pass_times)
 from planner.cost.context_parallel import cp_layer_cost
+from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups,
+                                        expert_dp_degree, optimizer_step_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes, embedding_params,
-                                 expert_params_per_layer, head_activation_bytes, head_params, layer_params,
-                                 model_state_bytes, norm_params)
+                                 gathered_layer_params, head_activation_bytes, head_params, layer_params_on_gpu,
+                                 model_state_bytes)
 from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
@@ -24,11 +28,8 @@ from planner.specs.config import RunConfig, even_layer_split
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
 
-#: bytes of HBM traffic per parameter in Megatron's mixed-precision optimizer step (fp32 main gradients and
-#: master weights, Micikevicius et al. 2018): inf-check and gradient-norm passes read the fp32 gradient twice
-#: (8 B); fused Adam reads master weight, gradient, m and v (16 B) and writes master, m and v (12 B); the copy
-#: of the master weights into the bf16 model weights reads 4 B and writes 2 B.
-ADAM_BYTES_PER_PARAM = 8 + 16 + 12 + 6
+__all__ = ["ADAM_BYTES_PER_PARAM", "EndCost", "Estimate", "LayerCost", "StageEstimate", "end_costs", "estimate",
+           "layer_costs", "pipeline_send_s", "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -102,40 +103,175 @@ class Estimate:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# One layer, the embedding and the LM head, and a pipeline send: over one configuration or a batch of them
+# ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _LayerCost:
-    pt: PassTimes
-    tp_fwd_s: float
-    tp_bwd_s: float
-    cp_fwd_s: float
-    cp_bwd_s: float
-    ep_fwd_s: float
-    act_bytes: float  # with the configured recompute (selective / none)
-    act_full_bytes: float  # with full recompute (layer input only)
-    act_none_bytes: float  # nothing recomputed
-    recompute_flops: float  # extra forward FLOPs on this GPU under selective recompute
-    fwd_flops: float
-    cp_buffer_bytes: float = 0.0  # transient CP receive buffers (ring K/V blocks, Ulysses all-to-all outputs)
+class LayerCost:
+    """One decoder layer, one micro-batch, one GPU: kernel times (forward, input gradient, weight gradient, the
+    extra forward of selective recomputation), exposed TP / CP / EP communication, activation bytes and FLOPs.
+    Numbers for one configuration, arrays over a batch."""
+
+    fwd_s: float | np.ndarray
+    bwd_input_s: float | np.ndarray
+    bwd_weight_s: float | np.ndarray
+    selective_recompute_s: float | np.ndarray
+    tp_fwd_s: float | np.ndarray
+    tp_bwd_s: float | np.ndarray
+    cp_fwd_s: float | np.ndarray
+    cp_bwd_s: float | np.ndarray
+    ep_fwd_s: float | np.ndarray  # dispatch + combine (+ expert TP) one way; the same again in backward
+    act_bytes: float | np.ndarray  # with the configured recompute (selective / none)
+    act_full_bytes: float | np.ndarray  # with full recompute (layer input only)
+    act_none_bytes: float | np.ndarray  # nothing recomputed
+    recompute_flops: float | np.ndarray  # extra forward FLOPs on this GPU under selective recompute
+    fwd_flops: float | np.ndarray
+    cp_buffer_bytes: float | np.ndarray  # transient CP receive buffers (ring K/V blocks, Ulysses all-to-all outputs)
+
+    @property
+    def fwd_comm_s(self):
+        """Communication on the forward critical path: TP + CP + EP."""
+        return self.tp_fwd_s + self.cp_fwd_s + self.ep_fwd_s
+
+    @property
+    def bwd_comm_s(self):
+        """Communication on the input-gradient critical path: TP + CP + EP (the all-to-alls mirror forward)."""
+        return self.tp_bwd_s + self.cp_bwd_s + self.ep_fwd_s
+
+    @property
+    def fwd_total_s(self):
+        """F of one layer: kernels and exposed communication (also what full recomputation re-runs)."""
+        return self.fwd_s + self.fwd_comm_s
+
+    @property
+    def bwd_input_total_s(self):
+        """B of one layer (input gradients and exposed communication), without recomputation."""
+        return self.bwd_input_s + self.bwd_comm_s
+
+
+def _floats(obj):
+    """The same dataclass with every field a Python float (one configuration's costs, for the scalar step)."""
+    return type(obj)(**{f.name: float(getattr(obj, f.name)) for f in fields(obj)})
+
+
+def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: comm.GroupPlacement, linear_gemm_s):
+    """(forward, backward) TP communication of one layer on the critical path (Megatron, Shoeybi et al. 2019 Sec. 3;
+    Korthikanti et al. 2022 Sec. 4.2.2).
+
+    Forward: 2 all-reduces per layer, or 2 all-gathers + 2 reduce-scatters with SP, all on the critical path, unless
+    ``tp_comm_overlap`` pipelines them with the linear layers' GEMMs (``linear_gemm_s``; Megatron
+    ``--tp-comm-overlap``, Transformer Engine userbuffers), which hides up to the GEMMs' time. Backward: the
+    column-parallel layers' collectives (the async input-gradient all-reduce; with SP the re-gather of the input and
+    the gradient reduce-scatter) overlap their GEMMs; with SP the row-parallel layers' output-gradient all-gathers
+    (2 per layer) stay exposed. Overlapped communication still costs the compute stream a fraction
+    (``gpu.comm_overlap_interference``) of its duration."""
+    intf = cluster.gpu.comm_overlap_interference
+    msg = cfg.tokens_per_rank * model.hidden_size * ACT_BYTES
+    sp = np.asarray(cfg.sequence_parallel, dtype=bool)
+    ag = comm.all_gather_s(cluster, tp_group, msg)
+    rs = comm.reduce_scatter_s(cluster, tp_group, msg)
+    fwd = np.where(sp, 2 * (ag + rs), 2 * comm.all_reduce_s(cluster, tp_group, msg))
+    exposed_bwd = np.where(sp, 2 * ag, 0.0)
+    overlapped_bwd = np.where(sp, 2 * ag + 2 * rs, fwd)
+    bwd = exposed_bwd + overlapped_bwd * intf
+    hidden = np.minimum(fwd, linear_gemm_s)
+    fwd = np.where(cfg.tp_comm_overlap, fwd - hidden + hidden * intf, fwd)
+    has_tp = np.asarray(cfg.tp) > 1
+    return np.where(has_tp, fwd, 0.0), np.where(has_tp, bwd, 0.0)
+
+
+def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, moe: bool) -> LayerCost:
+    """Costs of one dense (``moe`` False) or MoE decoder layer for one configuration or a batch of them: the kernels
+    of ``compute.layer_ops``, TP communication (:func:`tp_layer_comm_s`), CP (``context_parallel.cp_layer_cost``),
+    EP (``moe.ep_layer_cost``) and the activations of ``memory.activation_bytes_per_layer``."""
+    gpu = cluster.gpu
+    ops = layer_ops(model, cfg, moe=moe)
+    pt = pass_times(ops, gpu)
+    tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, linear_gemm_fwd_s(ops, gpu))
+    # CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses (all-to-all of
+    # heads); formulas and sources in planner.cost.context_parallel
+    attn_s, attn_ratio = attention_core_s(ops, gpu, cfg)
+    cpc = cp_layer_cost(model, cluster, cfg, groups.cp, attn_s, attn_ratio)
+    # EP: token dispatch + combine all-to-all, forward and backward, and with TP the expert-TP gather / scatter of
+    # the k token copies (planner.cost.moe). That gather / scatter replaces the MLP half of the layer's TP
+    # collectives counted above, unless shared experts (a TP-parallel dense MLP) still need them.
+    ep_fwd = 0.0
+    if moe:
+        ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.tp).fwd_s
+        if not model.num_shared_experts:
+            halve = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1)
+            tp_fwd, tp_bwd = np.where(halve, tp_fwd / 2, tp_fwd), np.where(halve, tp_bwd / 2, tp_bwd)
+    selective = np.asarray(cfg.recompute) == "selective"
+    rec_flops = sum(o.flops for o in ops if o.recomputed_by_selective)
+    return LayerCost(
+        fwd_s=pt.fwd_s, bwd_input_s=pt.bwd_input_s, bwd_weight_s=pt.bwd_weight_s,
+        selective_recompute_s=pt.selective_recompute_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
+        cp_fwd_s=cpc.fwd_exposed_s, cp_bwd_s=cpc.bwd_exposed_s, ep_fwd_s=ep_fwd,
+        act_bytes=activation_bytes_per_layer(model, cfg, np.where(selective, "selective", "none"), moe),
+        act_full_bytes=activation_bytes_per_layer(model, cfg, "full", moe),
+        act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe),
+        recompute_flops=np.where(selective, rec_flops, 0.0), fwd_flops=sum(o.flops for o in ops),
+        cp_buffer_bytes=cpc.buffer_bytes)
+
+
+@dataclass(frozen=True)
+class EndCost:
+    """The embedding (first stage) and the LM head (last stage), one micro-batch, one GPU: kernel times, the head's
+    TP gather with SP, and their activation bytes. Numbers for one configuration, arrays over a batch."""
+
+    emb_fwd_s: float | np.ndarray
+    emb_bwd_s: float | np.ndarray  # all of it weight gradient (W)
+    head_fwd_s: float | np.ndarray
+    head_bwd_input_s: float | np.ndarray
+    head_bwd_weight_s: float | np.ndarray
+    head_tp_s: float | np.ndarray  # with SP: all-gather of the final norm's output before the LM head, each way
+    act_emb_bytes: float | np.ndarray
+    head_act_bytes: float | np.ndarray
+
+
+def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups) -> EndCost:
+    """Embedding and LM head costs (``compute.embedding_ops`` / ``head_ops``, ``memory.embedding_activation_bytes``
+    / ``head_activation_bytes``)."""
+    emb = pass_times(embedding_ops(model, cfg), cluster.gpu)
+    head = pass_times(head_ops(model, cfg), cluster.gpu)
+    gather = comm.all_gather_s(cluster, groups.tp, cfg.tokens_per_rank * model.hidden_size * ACT_BYTES)
+    head_tp = np.where((np.asarray(cfg.tp) > 1) & np.asarray(cfg.sequence_parallel, dtype=bool), gather, 0.0)
+    return EndCost(emb_fwd_s=emb.fwd_s, emb_bwd_s=emb.bwd_s, head_fwd_s=head.fwd_s,
+                   head_bwd_input_s=head.bwd_input_s, head_bwd_weight_s=head.bwd_weight_s, head_tp_s=head_tp,
+                   act_emb_bytes=embedding_activation_bytes(model, cfg),
+                   head_act_bytes=head_activation_bytes(model, cfg))
+
+
+def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, pp):
+    """One pipeline send of a chunk's boundary activation (or its gradient), per micro-batch; 0 without PP.
+
+    Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends only 1/t of the
+    boundary activation across the pipeline link and the receiver all-gathers it over NVLink (none with SP, where
+    the tensor is already split along the sequence)."""
+    boundary = cfg.tokens_per_rank * model.hidden_size * ACT_BYTES
+    send = comm.p2p_s(cluster, groups.pp_spans_nodes, boundary / cfg.tp)
+    regather = (np.asarray(cfg.tp) > 1) & ~np.asarray(cfg.sequence_parallel, dtype=bool)
+    send = send + np.where(regather, comm.all_gather_s(cluster, groups.tp, boundary), 0.0)
+    return np.where(np.asarray(pp) > 1, send, 0.0)
 
 
 def _per_layer_cache(fn):
-    """Memoize a layer's cost on the knobs it depends on, so the search's many configurations that differ only in
-    ZeRO stage, pipeline shape, schedule, batch or recomputation depth share one evaluation.
+    """Memoize one configuration's layer costs (as floats) on the knobs they depend on, so the many
+    configurations a search evaluates that differ only in ZeRO stage, pipeline shape, schedule, batch or
+    recomputation depth share one evaluation.
 
-    The key: the model, the cluster, TP, CP and its kind, EP, micro-batch, sequence, SP (with TP), selective
-    recompute or not, flash attention, TP overlap, and the TP / CP / EP group placements (which depend only on those degrees). Not in it:
+    The key: the model, the cluster and the layer fields of RunConfig (``config.LAYER_FIELDS``, with the recompute
+    mode reduced to "selective or not" and SP to "SP with TP"), which fix the TP / CP / EP group placements
+    (``comm.groups_for`` places them from the degrees and the cluster alone). Not in it:
     GPU count, PP, VPP, global batch, ZeRO stage, schedule, layer and recompute splits, DP overlap options, the DP
     placement and the pipeline link -- none of which a single layer's kernels, activations or TP / CP / EP
     communication read. ``tests/test_cp.py`` checks cached == uncached.
     """
-    cache: dict[tuple, _LayerCost] = {}
+    cache: dict[tuple, LayerCost] = {}
 
-    def wrapper(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> _LayerCost:
-        # a layer reads the recompute mode only as "selective or not" (the full-recompute variants are separate
-        # fields), and SP only when there is TP to split over
+    def wrapper(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         key = (model, cluster, cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
                cfg.sequence_parallel and cfg.tp > 1, cfg.recompute == "selective", cfg.flash_attention,
-               cfg.tp_comm_overlap, groups.tp, groups.cp, groups.ep, moe)
+               cfg.tp_comm_overlap, moe)
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= LAYER_CACHE_SIZE:
@@ -153,64 +289,15 @@ LAYER_CACHE_SIZE = 65536
 
 
 @_per_layer_cache
-def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> _LayerCost:
-    ops = layer_ops(model, cfg, moe=moe)
-    gpu = cluster.gpu
-    pt = pass_times(ops, gpu)
-    T = cfg.tokens_per_rank
-    h = model.hidden_size
-    # --- TP (Megatron, Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2). Forward: 2 all-reduces
-    # per layer, or 2 all-gathers + 2 reduce-scatters with SP, all on the critical path. Backward: the column-
-    # parallel layers' collectives (the async input-gradient all-reduce; with SP the re-gather of the input and
-    # the gradient reduce-scatter) overlap their GEMMs; with SP the row-parallel layers' output-gradient
-    # all-gathers (2 per layer) stay exposed. Overlapped comm still costs the compute stream a fraction
-    # (gpu.comm_overlap_interference) of its duration.
-    msg = T * h * ACT_BYTES
-    tp_fwd = tp_bwd = 0.0
-    if cfg.tp > 1:
-        ag = comm.all_gather_s(cluster, groups.tp, msg)
-        if cfg.sequence_parallel:
-            tp_fwd = 2 * (ag + comm.reduce_scatter_s(cluster, groups.tp, msg))
-            exposed_bwd, overlapped_bwd = 2 * ag, 2 * ag + 2 * comm.reduce_scatter_s(cluster, groups.tp, msg)
-        else:
-            tp_fwd = 2 * comm.all_reduce_s(cluster, groups.tp, msg)
-            exposed_bwd, overlapped_bwd = 0.0, tp_fwd
-        tp_bwd = exposed_bwd + overlapped_bwd * gpu.comm_overlap_interference
-        if cfg.tp_comm_overlap:
-            gemm_fwd = sum(op_time_s(o, gpu) for o in ops if o.kind == "gemm" and o.name != "attention_core")
-            hidden = min(tp_fwd, gemm_fwd)
-            tp_fwd = tp_fwd - hidden + hidden * gpu.comm_overlap_interference
-    # --- CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses
-    # (all-to-all of heads); formulas and sources in planner.cost.context_parallel
-    attn = [o for o in ops if o.name == "attention_core"][0]
-    cpc = cp_layer_cost(model, cluster, cfg, groups.cp, op_time_s(attn, gpu), attn.bwd_ratio)
-    cp_fwd, cp_bwd = cpc.fwd_exposed_s, cpc.bwd_exposed_s
-    # --- EP: token dispatch + combine all-to-all, forward and backward, and with TP the expert-TP gather /
-    # scatter of the k token copies (planner.cost.moe). That gather / scatter replaces the MLP half of the layer's
-    # TP collectives counted above, unless shared experts (a TP-parallel dense MLP) still need them.
-    ep_fwd = 0.0
-    if moe and cfg.ep > 1:
-        ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.tp).fwd_s
-        if cfg.tp > 1 and not model.num_shared_experts:
-            tp_fwd, tp_bwd = tp_fwd / 2, tp_bwd / 2
-    rec_flops = sum(o.flops for o in ops if o.recomputed_by_selective)
-    return _LayerCost(
-        pt=pt, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, ep_fwd_s=ep_fwd,
-        act_bytes=activation_bytes_per_layer(model, cfg, "selective" if cfg.recompute == "selective" else "none",
-                                             moe),
-        act_full_bytes=activation_bytes_per_layer(model, cfg, "full", moe),
-        act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe),
-        recompute_flops=rec_flops if cfg.recompute == "selective" else 0.0,
-        fwd_flops=sum(o.flops for o in ops),
-        cp_buffer_bytes=cpc.buffer_bytes,
-    )
+def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
+    """:func:`layer_costs` of one configuration, as floats."""
+    return _floats(layer_costs(model, cluster, cfg, groups, moe))
 
 
-def _exposed(comm_s: float, window_s: float, interference: float) -> float:
-    """Communication overlapped with ``window_s`` of compute: what sticks out of the window, plus the share of the
-    hidden part that still slows the compute stream (``GPU.comm_overlap_interference``)."""
-    hidden = min(comm_s, window_s)
-    return comm_s - hidden + hidden * interference
+@_per_layer_cache
+def _end_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> EndCost:
+    """:func:`end_costs` of one configuration, as floats (they read only a layer's knobs too; ``moe`` unused)."""
+    return _floats(end_costs(model, cluster, cfg, groups))
 
 
 def stage_layers(model: ModelSpec, cfg: RunConfig) -> tuple[int, ...]:
@@ -232,35 +319,32 @@ def estimate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *, check: bool 
     return _estimate_cached(model, cluster, cfg)
 
 
+#: one configuration's process-group placements, memoized on its degrees (many estimates share them)
+_groups_for = lru_cache(maxsize=4096)(comm.groups_for)
+_dp_groups = lru_cache(maxsize=4096)(dp_groups)
+
+
 @lru_cache(maxsize=4096)
 def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Estimate:
     gpu = cluster.gpu
     p, v, m, dp = cfg.pp, cfg.vpp, cfg.num_microbatches, cfg.dp
-    groups = comm.groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep)
+    groups = _groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep)
     dense = _layer_cost(model, cluster, cfg, groups, moe=False)
     moe = _layer_cost(model, cluster, cfg, groups, moe=True) if model.is_moe else dense
+    ends = _end_cost(model, cluster, cfg, groups, False)
     layers = stage_layers(model, cfg)
     starts = [sum(layers[:j]) for j in range(len(layers))]
     sched = get_schedule(cfg.schedule)
-    T = cfg.tokens_per_rank
-    # Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends only 1/t of the
-    # boundary activation across the pipeline link and the receiver all-gathers it over NVLink (none with SP, where
-    # the tensor is already split along the sequence)
-    p2p_bytes = T * model.hidden_size * ACT_BYTES / cfg.tp
-    p2p_one = 0.0
-    if p > 1:
-        p2p_one = comm.p2p_s(groups.pp_link, p2p_bytes)
-        if cfg.tp > 1 and not cfg.sequence_parallel:
-            p2p_one += comm.all_gather_s(cluster, groups.tp, T * model.hidden_size * ACT_BYTES)
-    emb_pt = pass_times(embedding_ops(model, cfg), gpu)
-    head_pt = pass_times(head_ops(model, cfg), gpu)
-    head_tp = 0.0
-    if cfg.tp > 1 and cfg.sequence_parallel:
-        head_tp = comm.all_gather_s(cluster, groups.tp, T * model.hidden_size * ACT_BYTES)
+    p2p_one = float(pipeline_send_s(model, cluster, cfg, groups, p))
+    head_tp = ends.head_tp_s
     dp_shard = dp * cfg.cp
-    expert_dp_shard = max(1, dp_shard // cfg.ep)
+    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep))
+    per_layer_params = {is_moe: tuple(float(x) for x in layer_params_on_gpu(model, cfg.tp, cfg.ep, is_moe))
+                        for is_moe in ((False, True) if model.is_moe else (False,))}
+    gathered = {is_moe: float(gathered_layer_params(model, cfg.tp, cfg.ep, is_moe)) for is_moe in per_layer_params}
 
-    stages: list[StageEstimate] = []
+    stage_rows: list[dict] = []
+    extra_rows: list[tuple[float, float, float]] = []
     F, B, W = [], [], []
     recompute_flops_per_mb = []
     for r in range(p):
@@ -283,15 +367,13 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                     continue
                 full_here = min(count, n_full)
                 n_full -= full_here
-                comm_f = lc.tp_fwd_s + lc.cp_fwd_s + lc.ep_fwd_s
-                comm_b = lc.tp_bwd_s + lc.cp_bwd_s + lc.ep_fwd_s
-                sel = count * lc.pt.selective_recompute_s if cfg.recompute == "selective" else 0.0
-                fwd += count * (lc.pt.fwd_s + comm_f)
-                bwd_in += count * (lc.pt.bwd_input_s + comm_b)
-                bwd_w += count * lc.pt.bwd_weight_s
-                rec += sel + full_here * (lc.pt.fwd_s + comm_f)
-                comp += count * (lc.pt.fwd_s + lc.pt.bwd_s)
-                rec_comp += sel + full_here * lc.pt.fwd_s
+                sel = count * lc.selective_recompute_s if cfg.recompute == "selective" else 0.0
+                fwd += count * lc.fwd_total_s
+                bwd_in += count * lc.bwd_input_total_s
+                bwd_w += count * lc.bwd_weight_s
+                rec += sel + full_here * lc.fwd_total_s
+                comp += count * (lc.fwd_s + (lc.bwd_input_s + lc.bwd_weight_s))
+                rec_comp += sel + full_here * lc.fwd_s
                 tpc += (count + full_here) * lc.tp_fwd_s + count * lc.tp_bwd_s
                 cpc += count * (lc.cp_fwd_s + lc.cp_bwd_s) + full_here * lc.cp_fwd_s
                 epc += (2 * count + full_here) * lc.ep_fwd_s
@@ -301,82 +383,67 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                 if full_here or (cfg.recompute == "selective" and not cfg.flash_attention):
                     workspace = max(workspace, lc.act_none_bytes)  # the layer being recomputed
                 workspace = max(workspace, lc.cp_buffer_bytes)
-                lp = layer_params(model, moe=is_moe)
-                ep_part = expert_params_per_layer(model) if is_moe else 0
-                norms = 2 * norm_params(model)  # replicated across TP
-                expert_params += count * ep_part / (cfg.ep * cfg.tp)
-                dense_params += count * ((lp - ep_part - norms) / cfg.tp + norms)
-                largest = max(largest, (lp - ep_part) / cfg.tp + ep_part / (cfg.ep * cfg.tp))
+                dense_pl, expert_pl = per_layer_params[is_moe]
+                expert_params += count * expert_pl
+                dense_params += count * dense_pl
+                largest = max(largest, gathered[is_moe])
             if p > 1:
                 ppc += 2 * p2p_one
                 fwd += p2p_one
                 bwd_in += p2p_one
             if j == 0:
-                fwd += emb_pt.fwd_s
-                bwd_w += emb_pt.bwd_s
-                comp += emb_pt.fwd_s + emb_pt.bwd_s
+                fwd += ends.emb_fwd_s
+                bwd_w += ends.emb_bwd_s
+                comp += ends.emb_fwd_s + ends.emb_bwd_s
                 dense_params += embedding_params(model, cfg.seq_len) / cfg.tp
-                act_per_mb += embedding_activation_bytes(model, cfg)
+                act_per_mb += ends.act_emb_bytes
             if j == cfg.num_stages - 1:
-                fwd += head_pt.fwd_s + head_tp
-                bwd_in += head_pt.bwd_input_s + head_tp
-                bwd_w += head_pt.bwd_weight_s
-                comp += head_pt.fwd_s + head_pt.bwd_s
+                fwd += ends.head_fwd_s + head_tp
+                bwd_in += ends.head_bwd_input_s + head_tp
+                bwd_w += ends.head_bwd_weight_s
+                comp += ends.head_fwd_s + (ends.head_bwd_input_s + ends.head_bwd_weight_s)
                 tpc += 2 * head_tp
                 hp = head_params(model)
                 if model.tied_embeddings and cfg.num_stages > 1:
                     hp += model.vocab_size * model.hidden_size  # the tied copy lives on the last stage too
                 dense_params += hp / cfg.tp
-                workspace = max(workspace, head_activation_bytes(model, cfg))
-        inflight = sched.inflight(p, m, v, r)
-        states = model_state_bytes(StageParams(dense_params, expert_params, largest), cfg.zero_stage, dp_shard,
-                                   expert_dp_shard)
-        mem = {**states, "activations": act_per_mb * inflight, "workspace": workspace}
-        stages.append(StageEstimate(
+                workspace = max(workspace, ends.head_act_bytes)
+        stage_rows.append(dict(
             rank=r, layers=tuple(chunk_layers), fwd_s=fwd, bwd_s=bwd_in + bwd_w, bwd_weight_s=bwd_w,
             recompute_s=rec, tp_comm_s=tpc, cp_comm_s=cpc, ep_comm_s=epc, pp_comm_s=ppc, compute_s=comp,
             recompute_compute_s=rec_comp, params_dense=dense_params, params_expert=expert_params,
-            inflight_microbatches=inflight, memory_bytes=mem))
+            inflight_microbatches=sched.inflight(p, m, v, r)))
+        extra_rows.append((act_per_mb, workspace, largest))
         F.append(fwd)
         B.append(bwd_in + rec)
         W.append(bwd_w)
         recompute_flops_per_mb.append(rflops)
 
     pipe = sched.time(F, B, W, m, v)
+    pipe_s, bubble_s = float(pipe.total_s), float(pipe.bubble_s)
 
-    # --- data parallel (Megatron DDP / distributed optimizer / ZeRO-3), per rank, the slowest rank counts
-    dp_group = comm.place_group(dp_shard, cfg.tp, cluster.gpus_per_node)
-    edp_group = comm.place_group(expert_dp_shard, cfg.tp * cfg.ep, cluster.gpus_per_node)
-    dp_exposed = 0.0
-    opt_s = 0.0
-    for st in stages:
-        dense_b, exp_b = st.params_dense, st.params_expert
-        if cfg.zero_stage == 3:
-            per_mb = sum(2 * comm.all_gather_s(cluster, g, n * 2) + comm.reduce_scatter_s(cluster, g,
-                                                                                           n * cfg.grad_reduce_bytes)
-                         for g, n in ((dp_group, dense_b), (edp_group, exp_b)))
-            t_dp = m * _exposed(per_mb, st.time_per_microbatch_s, gpu.comm_overlap_interference)
-            if sched.zero3_gathers_once_per_step:
-                # breadth-first: each chunk's weights are gathered once for all micro-batches' forwards, once for
-                # their backwards, its gradients reduce-scattered once, overlapped with the whole step's compute
-                # (Lamy-Poirier 2022, Sec. 4)
-                t_dp = _exposed(per_mb, m * st.time_per_microbatch_s, gpu.comm_overlap_interference)
-        else:
-            grads = gather = 0.0
-            for g, n in ((dp_group, dense_b), (edp_group, exp_b)):
-                if cfg.zero_stage == 0:
-                    grads += comm.all_reduce_s(cluster, g, n * cfg.grad_reduce_bytes)
-                else:
-                    grads += comm.reduce_scatter_s(cluster, g, n * cfg.grad_reduce_bytes)
-                    gather += comm.all_gather_s(cluster, g, n * 2)
-            intf = gpu.comm_overlap_interference
-            t_dp = (_exposed(grads, st.bwd_s, intf) if cfg.overlap_grad_reduce else grads) + \
-                (_exposed(gather, st.fwd_s, intf) if cfg.overlap_param_gather else gather)
-        dp_exposed = max(dp_exposed, t_dp)
-        local = (dense_b / dp_shard + exp_b / expert_dp_shard) if cfg.zero_stage >= 1 else dense_b + exp_b
-        opt_s = max(opt_s, local * ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
+    # --- per-rank model states, data-parallel communication and optimizer step, over the ranks at once
+    def col(name: str) -> np.ndarray:
+        return np.array([row[name] for row in stage_rows], dtype=float)
 
-    step = pipe.total_s + dp_exposed + opt_s
+    dense_p, expert_p = col("params_dense"), col("params_expert")
+    act_per_mb, workspace, largest = (np.array(x, dtype=float) for x in zip(*extra_rows))
+    states = model_state_bytes(StageParams(dense_p, expert_p, largest), cfg.zero_stage, dp_shard, expert_dp_shard)
+    # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
+    dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep)
+    coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes)
+    t_dp = dp_exposed_s(coll, cfg.zero_stage, col("fwd_s"), col("bwd_s"), col("recompute_s"), m,
+                        sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
+                        gpu.comm_overlap_interference)
+    local = np.where(cfg.zero_stage >= 1, dense_p / dp_shard + expert_p / expert_dp_shard, dense_p + expert_p)
+    dp_exposed, opt_s = float(np.max(t_dp)), float(np.max(optimizer_step_s(local, gpu)))
+    stages = tuple(
+        StageEstimate(**row, memory_bytes={**{k: float(x[r]) for k, x in states.items()},
+                                           "activations": float(act_per_mb[r] * row["inflight_microbatches"]),
+                                           "workspace": float(workspace[r])})
+        for r, row in enumerate(stage_rows))
+
+    step = pipe_s + dp_exposed + opt_s
     mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len)
     hflops = mflops + sum(recompute_flops_per_mb) * m * dp * cfg.tp * cfg.cp
     n = cfg.num_gpus
@@ -386,7 +453,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     breakdown = {
         "compute_s": m * bott.compute_s,
         "recompute_s": m * bott.recompute_compute_s,
-        "bubble_s": pipe.bubble_s,
+        "bubble_s": bubble_s,
         "tp_comm_s": m * bott.tp_comm_s,
         "cp_comm_s": m * bott.cp_comm_s,
         "ep_comm_s": m * bott.ep_comm_s,
@@ -398,5 +465,4 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         step_time_s=step, tokens_per_s=cfg.tokens_per_step / step, tflops_per_gpu=mflops / step / n / 1e12,
         mfu=mflops / step / (n * gpu.peak_flops), hfu=hflops / step / (n * gpu.peak_flops),
         peak_memory_bytes=peak, memory_limit_bytes=limit, fits=peak <= limit, breakdown=breakdown,
-        stages=tuple(stages))
-
+        stages=stages)

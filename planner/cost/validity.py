@@ -33,7 +33,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
 
     Rules: degrees multiply to the GPU count; heads and KV heads divisible by TP; TP inside one node; global batch
     divisible by DP x micro-batch; enough layers for PP x VPP stages; CP divides the sequence; EP divides DP x CP
-    and the experts (Megatron's rule); the schedule's own constraints.
+    and the experts (Megatron's rule); TP communication overlap with sequence parallelism; the schedule's own
+    constraints.
     """
     out: list[tuple[str, str]] = []
     for name in ("num_gpus", "tp", "pp", "cp", "ep", "vpp", "global_batch_size", "micro_batch_size", "seq_len"):
@@ -106,6 +107,11 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         elif cfg.tp > 1 and not cfg.sequence_parallel:
             out.append(("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism "
                                              "(Megatron-Core MoE); turn it on"))
+    if cfg.tp_comm_overlap and cfg.tp > 1 and not cfg.sequence_parallel:
+        out.append(("tp_comm_overlap", "TP communication overlap needs sequence parallelism (Megatron-Core's "
+                                       "--tp-comm-overlap rule); turn sequence parallelism on or the overlap off"))
+    if cfg.grad_reduce_bytes not in (2, 4):
+        out.append(("grad_reduce_bytes", f"must be 2 (bf16) or 4 (fp32), got {cfg.grad_reduce_bytes}"))
     if cfg.recompute not in RECOMPUTE_MODES:
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
     if cfg.zero_stage not in ZERO_STAGES:

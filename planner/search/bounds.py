@@ -4,9 +4,11 @@ The search only prunes with these, so none may exceed what ``planner.cost.step.e
 configuration. Tests check this on every candidate of small and medium spaces, and the search re-checks it on every
 configuration it evaluates exactly (``bound_violations`` in its statistics).
 
-Per-layer costs come from the cost model itself (``step._layer_cost``: kernel times of ``compute.layer_ops`` plus
-the exposed TP / CP / EP communication of one layer), evaluated once per distinct (TP, CP, CP kind, micro-batch,
-SP, EP); the embedding and LM head kernels from ``compute.embedding_ops`` / ``head_ops``.
+Nothing here computes a kernel time, a collective or a byte count of its own: per-layer costs come from the cost
+model's batch functions (``step.layer_costs``, ``step.end_costs``, ``step.pipeline_send_s``), called once over all
+distinct layer keys of the space (TP, CP, CP kind, micro-batch, SP, EP, TP overlap, flash attention); the
+data-parallel floors from ``planner.cost.data_parallel``; the pipeline from ``planner.cost.schedule``'s closed
+forms over arrays of pipelines; memory from ``planner.cost.memory``. This module only composes them into bounds.
 
 Time. Every pipeline rank runs forward and backward of its layers for each of the m micro-batches, plus any
 recomputation; point-to-point, data-parallel and optimizer time only add to this. With W the per-micro-batch work
@@ -16,12 +18,11 @@ with the same total split unevenly (1F1B: (m - 1) max t + sum t, Narayanan et al
 * cheap, for all rows at once: ``schedule.time`` of p equal unit ranks, at the corner split of F / B / W that
   gives the smallest time (the closed forms are linear in the split for 1F1B and interleaved, and the zero-bubble
   forms only shrink as W grows), times W / p;
-* refined, per group when the search reaches it: ``schedule.time`` of p equal ranks at the group's own F / B / W
-  split (exact for equal stages; ``planner.cost.schedule`` shows the zero-bubble forms are exact when every rank
-  has W <= min(F, B), which real layers have).
+* refined, per group when the search reaches it: ``schedule.time`` over the group's exact per-rank F / B / W
+  (``rank_times``), the pipeline time of its rows without recomputation.
 
 Plus the optimizer step, which reads and writes each local parameter's states once
-(``step.ADAM_BYTES_PER_PARAM`` bytes over HBM).
+(``data_parallel.ADAM_BYTES_PER_PARAM`` bytes over HBM).
 
 Memory. Each checked pipeline rank (rank 0, rank p-1, the ones with the most layers and, for MoE models, the most
 MoE layers) holds its model states (Rajbhandari et al. 2020: 2 + 2 + 12 bytes per parameter, sharded by ZeRO stage
@@ -33,28 +34,21 @@ logits on the rank holding it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import ACT_BYTES, embedding_ops, head_ops, pass_times
-from planner.cost.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_activation_bytes,
-                                 embedding_params, expert_params_per_layer, head_activation_bytes, head_params,
-                                 layer_params, norm_params)
-from planner.cost import schedule
+from planner.cost.data_parallel import dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree, optimizer_step_s
+from planner.cost.memory import (StageParams, embedding_params, gathered_layer_params, head_params,
+                                 layer_params_on_gpu, model_state_bytes)
 from planner.cost.schedule import SCHEDULES
-from planner.cost.step import ADAM_BYTES_PER_PARAM, _layer_cost
-from planner.search import layer_table
-from planner.search.space import G, REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
-from planner.specs.config import CP_KINDS, RunConfig, even_layer_split
+from planner.cost.step import LayerCost, end_costs, layer_costs, pipeline_send_s
+from planner.search.space import REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
+from planner.specs.config import CP_KINDS, ConfigBatch, even_layer_split
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
-
-
-#: bytes per element of the DP gradient reduction the search assumes (RunConfig's default, bf16)
-GRAD_REDUCE_BYTES = RunConfig(num_gpus=1).grad_reduce_bytes
 
 
 #: pipeline ranks whose memory the bounds check (see GroupTables.rank_layers)
@@ -159,29 +153,27 @@ class GroupTables:
     p2p_s: np.ndarray  # one pipeline send (0 without PP)
 
 
+#: the group columns one layer's costs depend on (``config.LAYER_FIELDS`` as the space varies them; the recompute
+#: mode is fixed to "selective", whose activation bytes the tables keep beside those of "none" and "full")
+LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "tpo", "fa")
+
+
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
     tp, cp, mb, sp = space.col("tp"), space.col("cp"), space.col("mb"), space.col("sp")
-    pp, vpp, ep, kind = space.col("pp"), space.col("vpp"), space.col("ep"), space.col("cp_kind")
-    gpu = cluster.gpu
+    pp, vpp, ep = space.col("pp"), space.col("vpp"), space.col("ep")
     n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
-    # ---- per-layer costs per distinct (tp, cp, cp_kind, mb, sp, ep) --------------------------------------------
-    uniq, inv = _unique_rows(tp, cp, kind, mb, sp, ep)
-    tab = _layer_tables(model, cluster, space.seq_len, uniq)
-    layer_key = inv
+    # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
+    uniq, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
+    tab, sends = _layer_tables(model, cluster, space.seq_len, uniq)
     t_ = {k: PerKey(v, layer_key) for k, v in tab.items()}
     # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
-    # point-to-point each per micro-batch (step.estimate folds them into F and B); Megatron's scatter/gather sends
-    # 1/tp of it (Narayanan et al. 2021 Sec. 4.1), the smallest message step.estimate uses
-    # (the link as comm.groups_for picks it: NVLink while the whole pipeline sits in one node, else the NIC; the
-    # time as comm.p2p_s: M / beta + alpha)
+    # send each per micro-batch (step.estimate folds them into F and B), over the NIC once the pipeline spans nodes
+    # (comm.groups_for's rule)
     across = space.dp * tp * cp * pp > cluster.gpus_per_node
-    link_bw = np.where(across, cluster.inter_node.bus_bandwidth_bytes_per_s,
-                       cluster.intra_node.bus_bandwidth_bytes_per_s)
-    link_lat = np.where(across, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
-    p2p = np.where(pp > 1, mb * space.seq_len / cp * model.hidden_size * ACT_BYTES / tp / link_bw + link_lat, 0.0)
-    sends = pp * vpp * p2p  # whole pipeline, one direction, one micro-batch
-    t_["fwd"] = tab["fwd"][inv] + sends
-    t_["bwd_in"] = tab["bwd_in"][inv] + sends
+    p2p = np.where(pp > 1, np.where(across, sends[1][layer_key], sends[0][layer_key]), 0.0)
+    all_sends = pp * vpp * p2p  # whole pipeline, one direction, one micro-batch
+    t_["fwd"] = tab["fwd"][layer_key] + all_sends
+    t_["bwd_in"] = tab["bwd_in"][layer_key] + all_sends
     # ---- schedule: equal-rank time factor, in-flight micro-batches and layers of ranks 0 and p-1 ---------------
     L = model.num_layers
     uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
@@ -203,17 +195,13 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         for col, r in enumerate(ranks):
             picks["n"][u, col], picks["nm"][u, col], picks["infl"][u, col] = n[r], nm[r], infl[r]
             picks["emb"][u, col], picks["head"][u, col] = emb[r], head[r]
-    # ---- parameters on one GPU ------------------------------------------------------------------------------------
-    # (as step.estimate: a layer's non-expert parameters split by TP except its norms; experts by EP x TP)
-    norms = 2 * norm_params(model)
-    dense_pl = (layer_params(model) - norms) / tp + norms
+    # ---- parameters on one GPU (memory.layer_params_on_gpu / gathered_layer_params, as step.estimate) -------------
+    dense_pl, _ = layer_params_on_gpu(model, tp, ep, moe=False)
     moe_dense, expert_pl = dense_pl, np.zeros(len(tp))
-    largest_d = largest_m = layer_params(model) / tp
+    largest_d = largest_m = gathered_layer_params(model, tp, ep, moe=False)
     if model.is_moe:
-        ep_part = expert_params_per_layer(model)
-        moe_dense = (layer_params(model, moe=True) - ep_part - norms) / tp + norms
-        expert_pl = ep_part / (ep * tp)
-        largest_m = (layer_params(model, moe=True) - ep_part) / tp + expert_pl
+        moe_dense, expert_pl = layer_params_on_gpu(model, tp, ep, moe=True)
+        largest_m = gathered_layer_params(model, tp, ep, moe=True)
     stages = pp * vpp
     tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
     head_p = (head_params(model) + np.where(stages > 1, tied_copy, 0)) / tp
@@ -232,8 +220,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=embedding_params(model, space.seq_len) / tp, head_params=head_p,
-        dp_shard=dp_shard, expert_dp_shard=np.maximum(1, dp_shard // ep), dense_layers=n_dense,
-        optimizer_s_per_param=ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency),
+        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep), dense_layers=n_dense,
+        optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
         layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
                       layer_key), p2p_s=p2p)
@@ -245,57 +233,55 @@ _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none",
                 "act_none_d", "act_none_m", "act_sel_d", "act_sel_m", "head_act")
 
 
-def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int, uniq: np.ndarray) -> dict[str, np.ndarray]:
-    """Per distinct key (rows of ``uniq``: TP, CP, CP kind, micro-batch, SP, EP) the whole model's per-micro-batch
-    forward / backward / weight-gradient time and recomputation extras, one dense and one MoE layer's F / B / W,
-    the embedding and LM head times and the per-layer activation bytes, composed as ``step.estimate`` composes
-    ``step._layer_cost``. The layer costs come from :mod:`planner.search.layer_table` (the cost model's formulas
-    over arrays, tested equal to ``_layer_cost``), or from ``_layer_cost`` itself where that replica does not
-    apply."""
-    if not layer_table.supported():
-        return _layer_tables_scalar(model, cluster, seq_len, uniq)
-    n_moe = model.num_moe_layers
-    t, c, k, b, s, e = uniq.T
-    dense = layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=False)
-    moe = layer_table.layer_costs(model, cluster, seq_len, t, c, k, b, s, e, moe=True) if n_moe else None
-    return _compose_tables(model, dense, moe, layer_table.end_costs(model, cluster, seq_len, t, c, b, s))
+def layer_key_batch(uniq: np.ndarray, seq_len: int) -> ConfigBatch:
+    """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``), selective recompute."""
+    t, c, k, b, s, e, tpo, fa = uniq.T
+    return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
+                                    seq_len=seq_len, sequence_parallel=s.astype(bool), recompute="selective",
+                                    flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool))
 
 
-#: fields of ``layer_table.layer_costs`` (as ``step._LayerCost`` / ``PassTimes`` name them) and of ``end_costs``
-_LAYER_FIELDS = ("fwd_s", "bwd_input_s", "bwd_weight_s", "selective_recompute_s", "tp_fwd_s", "tp_bwd_s",
-                 "cp_fwd_s", "cp_bwd_s", "ep_fwd_s", "act_bytes", "act_none_bytes", "act_full_bytes",
-                 "cp_buffer_bytes")
-_END_FIELDS = ("emb_fwd_s", "emb_bwd_s", "head_fwd_s", "head_bwd_input_s", "head_bwd_weight_s", "act_emb_bytes",
-               "head_act_bytes")
+def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int,
+                  uniq: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Per distinct layer key (rows of ``uniq``) the whole model's per-micro-batch forward / backward /
+    weight-gradient time and recomputation extras, one dense and one MoE layer's F / B / W, the embedding and LM
+    head times and the per-layer activation bytes, composed as ``step.estimate`` composes them from
+    ``step.layer_costs`` and ``step.end_costs`` (the same functions, over the batch of keys); and one pipeline
+    send (``step.pipeline_send_s``) inside a node and across nodes."""
+    batch = layer_key_batch(uniq, seq_len)
+    groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep)
+    dense = layer_costs(model, cluster, batch, groups, moe=False)
+    moe = layer_costs(model, cluster, batch, groups, moe=True) if model.num_moe_layers else None
+    ends = end_costs(model, cluster, batch, groups)
+    sends = tuple(np.broadcast_to(pipeline_send_s(model, cluster, batch, replace(groups, pp_spans_nodes=spans), 2),
+                                  (len(batch),)) for spans in (False, True))
+    return _compose_tables(model, dense, moe, ends, len(batch)), sends
 
 
-def _compose_tables(model: ModelSpec, dense: dict[str, np.ndarray], moe: dict[str, np.ndarray] | None,
-                    ends: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _compose_tables(model: ModelSpec, dense: LayerCost, moe: LayerCost | None, ends, n: int) -> dict[str, np.ndarray]:
     """``_layer_tables`` from one dense and (MoE models) one MoE layer's costs and the end costs, per key."""
     n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     costs = [(n_dense, dense)] + ([(n_moe, moe)] if n_moe else [])
-    n = len(ends["emb_fwd_s"])
     tab = {name: np.zeros(n) for name in _TABLE_NAMES}
     full_min = np.full(n, np.inf)
     act = {"act_none": np.full(n, np.inf), "act_sel": np.full(n, np.inf), "act_full": np.full(n, np.inf)}
     for (count, lc), kind_ in zip(costs, "dm"):
-        # the composition of step.estimate: forward comm = TP + CP + EP forward, backward likewise
-        comm_f = lc["tp_fwd_s"] + lc["cp_fwd_s"] + lc["ep_fwd_s"]
-        comm_b = lc["tp_bwd_s"] + lc["cp_bwd_s"] + lc["ep_fwd_s"]
-        tab["f" + kind_] = lc["fwd_s"] + comm_f
-        tab["b" + kind_] = lc["bwd_input_s"] + comm_b
-        tab["w" + kind_] = lc["bwd_weight_s"]
-        tab["fwd"] = tab["fwd"] + count * (lc["fwd_s"] + comm_f)
-        tab["bwd_in"] = tab["bwd_in"] + count * (lc["bwd_input_s"] + comm_b)
-        tab["bwd_w"] = tab["bwd_w"] + count * lc["bwd_weight_s"]
-        tab["sel"] = tab["sel"] + count * lc["selective_recompute_s"]
-        tab["full"] = tab["full"] + count * (lc["fwd_s"] + comm_f)
-        full_min = np.minimum(full_min, lc["fwd_s"] + comm_f)
-        act["act_none"] = np.minimum(act["act_none"], lc["act_none_bytes"])
-        act["act_sel"] = np.minimum(act["act_sel"], lc["act_bytes"])
-        act["act_full"] = np.minimum(act["act_full"], lc["act_full_bytes"])
-        tab["act_none_" + kind_], tab["act_sel_" + kind_] = lc["act_none_bytes"], lc["act_bytes"]
-        tab["cp_buf"] = np.maximum(tab["cp_buf"], lc["cp_buffer_bytes"])
+        f, b = lc.fwd_total_s, lc.bwd_input_total_s  # the composition of step.estimate
+        tab["f" + kind_] = f + tab["f" + kind_]
+        tab["b" + kind_] = b + tab["b" + kind_]
+        tab["w" + kind_] = lc.bwd_weight_s + tab["w" + kind_]
+        tab["fwd"] = tab["fwd"] + count * f
+        tab["bwd_in"] = tab["bwd_in"] + count * b
+        tab["bwd_w"] = tab["bwd_w"] + count * lc.bwd_weight_s
+        tab["sel"] = tab["sel"] + count * lc.selective_recompute_s
+        tab["full"] = tab["full"] + count * f
+        full_min = np.minimum(full_min, f)
+        act["act_none"] = np.minimum(act["act_none"], lc.act_none_bytes)
+        act["act_sel"] = np.minimum(act["act_sel"], lc.act_bytes)
+        act["act_full"] = np.minimum(act["act_full"], lc.act_full_bytes)
+        tab["act_none_" + kind_] = lc.act_none_bytes + tab["act_none_" + kind_]
+        tab["act_sel_" + kind_] = lc.act_bytes + tab["act_sel_" + kind_]
+        tab["cp_buf"] = np.maximum(tab["cp_buf"], lc.cp_buffer_bytes)
     tab["full_min"] = full_min
     tab.update(act)
     if not n_moe:
@@ -303,49 +289,17 @@ def _compose_tables(model: ModelSpec, dense: dict[str, np.ndarray], moe: dict[st
         tab["act_none_m"], tab["act_sel_m"] = tab["act_none_d"], tab["act_sel_d"]
     if not n_dense:
         tab["act_none_d"], tab["act_sel_d"] = tab["act_none_m"], tab["act_sel_m"]
-    tab["emb_f"], tab["emb_w"] = ends["emb_fwd_s"], ends["emb_bwd_s"]
-    tab["head_f"], tab["head_b"] = ends["head_fwd_s"], ends["head_bwd_input_s"]
-    tab["head_w"] = ends["head_bwd_weight_s"]
-    tab["fwd"] = tab["fwd"] + (ends["emb_fwd_s"] + ends["head_fwd_s"])
-    tab["bwd_in"] = tab["bwd_in"] + ends["head_bwd_input_s"]
-    tab["bwd_w"] = tab["bwd_w"] + (ends["emb_bwd_s"] + ends["head_bwd_weight_s"])
-    tab["act_emb"] = ends["act_emb_bytes"]
-    tab["head_act"] = ends["head_act_bytes"]
+    zeros = np.zeros(n)
+    tab["emb_f"], tab["emb_w"] = ends.emb_fwd_s + zeros, ends.emb_bwd_s + zeros
+    tab["head_f"] = ends.head_fwd_s + ends.head_tp_s + zeros
+    tab["head_b"] = ends.head_bwd_input_s + ends.head_tp_s + zeros
+    tab["head_w"] = ends.head_bwd_weight_s + zeros
+    tab["fwd"] = tab["fwd"] + (tab["emb_f"] + tab["head_f"])
+    tab["bwd_in"] = tab["bwd_in"] + tab["head_b"]
+    tab["bwd_w"] = tab["bwd_w"] + (tab["emb_w"] + tab["head_w"])
+    tab["act_emb"] = ends.act_emb_bytes + zeros
+    tab["head_act"] = ends.head_act_bytes + zeros
     return tab
-
-
-def _layer_tables_scalar(model: ModelSpec, cluster: Cluster, seq_len: int,
-                         uniq: np.ndarray) -> dict[str, np.ndarray]:
-    """``_layer_tables`` through the scalar cost model, one ``step._layer_cost`` call per key and layer kind (the
-    reference the vectorized replica is tested against, and the fallback where it does not apply), composed by the
-    same ``_compose_tables``."""
-    gpu = cluster.gpu
-    n = len(uniq)
-    kinds = (False, True) if model.num_moe_layers else (False,)
-    layers = {moe: {f: np.zeros(n) for f in _LAYER_FIELDS} for moe in kinds}
-    ends = {f: np.zeros(n) for f in _END_FIELDS}
-    for u, (t, c, k, b, s, e) in enumerate(uniq.tolist()):
-        cfg = RunConfig(num_gpus=t * c * e, tp=t, cp=c, ep=e, cp_kind=CP_KINDS[k], micro_batch_size=b,
-                        seq_len=seq_len, sequence_parallel=bool(s), recompute="selective")
-        groups = comm.groups_for(cluster, t, c, e, 1, e)
-        for moe in kinds:
-            lc = _layer_cost(model, cluster, cfg, groups, moe=moe)
-            row = {"fwd_s": lc.pt.fwd_s, "bwd_input_s": lc.pt.bwd_input_s, "bwd_weight_s": lc.pt.bwd_weight_s,
-                   "selective_recompute_s": lc.pt.selective_recompute_s, "tp_fwd_s": lc.tp_fwd_s,
-                   "tp_bwd_s": lc.tp_bwd_s, "cp_fwd_s": lc.cp_fwd_s, "cp_bwd_s": lc.cp_bwd_s,
-                   "ep_fwd_s": lc.ep_fwd_s, "act_bytes": lc.act_bytes, "act_none_bytes": lc.act_none_bytes,
-                   "act_full_bytes": lc.act_full_bytes, "cp_buffer_bytes": lc.cp_buffer_bytes}
-            for f, val in row.items():
-                layers[moe][f][u] = val
-        emb = pass_times(embedding_ops(model, cfg), gpu)
-        head = pass_times(head_ops(model, cfg), gpu)
-        row = {"emb_fwd_s": emb.fwd_s, "emb_bwd_s": emb.bwd_s, "head_fwd_s": head.fwd_s,
-               "head_bwd_input_s": head.bwd_input_s, "head_bwd_weight_s": head.bwd_weight_s,
-               "act_emb_bytes": embedding_activation_bytes(model, cfg),
-               "head_act_bytes": head_activation_bytes(model, cfg)}
-        for f, val in row.items():
-            ends[f][u] = val
-    return _compose_tables(model, layers[False], layers.get(True), ends)
 
 
 def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
@@ -389,136 +343,75 @@ def _rank_layout(schedule: str, num_layers: int, p: int, v: int, dense_until: in
     return tuple(nd), tuple(nm), (v,) * p, tuple(emb), tuple(head)
 
 
-def rank_times(space: Space, t: GroupTables, g: int) -> tuple[list[float], list[float], list[float]]:
-    """Per-rank F, B, W of one micro-batch under the even split, with no recomputation.
+def rank_times(space: Space, t: GroupTables, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-rank F, B, W of one micro-batch under the even split, with no recomputation, for groups ``g``: arrays of
+    shape (groups, ranks), ranks past a group's p zero.
 
-    Each rank's times add up what ``step.estimate`` puts on it, leaving out only terms that add (the LM head's
-    sequence-parallel gather, the TP gather of a pipeline send without SP): its chunks' layers (dense or MoE, with
-    exposed TP / CP / EP comm), one pipeline send each way per chunk, the embedding on the first chunk and the LM
-    head on the last. So they are exact on a rank without the LM head whenever TP = 1 or SP is on."""
-    row = space.groups[g]
-    p, v = int(row[G["pp"]]), int(row[G["vpp"]])
-    fd, bd, wd, fm, bm, wm = t.layer_s[g].tolist()
-    emb_f, emb_w, head_f, head_b, head_w = t.ends_s[g].tolist()
-    send = float(t.p2p_s[g]) if p > 1 else 0.0
-    nd, nm, chunks, emb, head = _rank_layout(space.schedules[int(row[G["sched"]])], space.num_layers, p, v,
-                                             t.dense_layers)
-    F = [nd[r] * fd + nm[r] * fm + chunks[r] * send + emb[r] * emb_f + head[r] * head_f for r in range(p)]
-    B = [nd[r] * bd + nm[r] * bm + chunks[r] * send + head[r] * head_b for r in range(p)]
-    W = [nd[r] * wd + nm[r] * wm + emb[r] * emb_w + head[r] * head_w for r in range(p)]
+    Each rank's times add up what ``step.estimate`` puts on it from the same per-layer and end costs: its chunks'
+    layers (dense or MoE, with exposed TP / CP / EP comm), one pipeline send each way per chunk, the embedding on
+    the first chunk and the LM head (with its SP gather) on the last. So they are exact for every rank of a row
+    without recomputation, and recomputation only adds to them."""
+    g = np.asarray(g, dtype=np.int64)
+    p, v = space.col("pp")[g], space.col("vpp")[g]
+    p_max = int(p.max()) if len(g) else 1
+    combos, inv = np.unique(np.stack([space.col("sched")[g], p, v], axis=1), axis=0, return_inverse=True)
+    layout = np.zeros((5, len(combos), p_max))
+    for c, (si, pc, vc) in enumerate(combos.tolist()):
+        layout[:, c, :pc] = _rank_layout(space.schedules[si], space.num_layers, pc, vc, t.dense_layers)
+    nd, nm, chunks, emb, head = layout[:, inv.reshape(-1)]
+    fd, bd, wd, fm, bm, wm = (col[:, None] for col in t.layer_s[g].T)
+    emb_f, emb_w, head_f, head_b, head_w = (col[:, None] for col in t.ends_s[g].T)
+    send = t.p2p_s[g][:, None]
+    F = nd * fd + nm * fm + chunks * send + emb * emb_f + head * head_f
+    B = nd * bd + nm * bm + chunks * send + head * head_b
+    W = nd * wd + nm * wm + emb * emb_w + head * head_w
     return F, B, W
 
 
-def refined_group_bound(space: Space, t: GroupTables, g: int, times=None) -> float:
-    """The schedule's time over the group's per-rank ``rank_times`` (no recomputation: a floor for every row)."""
-    row = space.groups[g]
-    sched = SCHEDULES[space.schedules[int(row[G["sched"]])]]
-    F, B, W = times or rank_times(space, t, g)
-    return sched.time(F, B, W, int(space.num_microbatches[g]), int(row[G["vpp"]])).total_s
+def refined_group_bounds(space: Space, t: GroupTables, g: np.ndarray, times=None) -> np.ndarray:
+    """Per group, its schedule's step time (``planner.cost.schedule``, over arrays of pipelines) of its
+    ``rank_times``: the exact pipeline time of its rows without recomputation, a floor for all its rows."""
+    g = np.asarray(g, dtype=np.int64)
+    F, B, W = times if times is not None else rank_times(space, t, g)
+    sched = space.col("sched")[g]
+    m, v = space.num_microbatches[g], space.col("vpp")[g]
+    out = np.empty(len(g))
+    for si, name in enumerate(space.schedules):
+        mine = sched == si
+        if mine.any():
+            out[mine] = SCHEDULES[name].time(F[mine], B[mine], W[mine], m[mine], v[mine]).total_s
+    return out
 
 
-def data_parallel_floor_s(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables,
-                          g: int, times=None) -> tuple[np.ndarray, np.ndarray]:
-    """Per ZeRO stage 0..3, (a, C) such that step >= a x pipeline + C, from the data-parallel collectives of ranks
-    0 and p-1 (ring costs from ``planner.cost.comm``; their parameters from the per-rank floors above).
+def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: np.ndarray,
+                 times=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group and ZeRO stage 0..3, the data-parallel floors (a, C), shape (groups, 2, 4), such that
+    step >= max_k (a[k] P + C[k]) for a pipeline time P, and the optimizer step (groups, 4) of the larger of the
+    checked ranks; from ``planner.cost.data_parallel`` (collectives, exposure, optimizer) over the checked ranks'
+    parameters.
 
-    ``step.estimate`` adds each collective's exposed part, ``_exposed(c, window) = c - h + i h`` with h = min(c,
+    ``step.estimate`` adds each collective's exposed part, ``exposed_s(c, window) = c - h + i h`` with h = min(c,
     window) hidden under a window of the rank's compute and i = ``gpu.comm_overlap_interference``, to the pipeline
     time P, which is at least m x the rank's per-micro-batch time t (so every window is at most t <= P / m):
 
     * ZeRO-0 (all-reduce of the gradients) and ZeRO-1/2 (reduce-scatter of the gradients + all-gather of the
-      weights), windows within one micro-batch: step >= P + c - (1 - i) t >= (1 - (1 - i)/m) P + c;
+      weights), windows within one micro-batch: step >= P + c - (1 - i) t >= (1 - (1 - i)/m) P + c (and more
+      where the overlap is off);
     * ZeRO-3, gathers and reduce-scatter per micro-batch: step >= P + m (c - (1 - i) t) >= i P + m c;
       gathered once per step (breadth-first schedules): step >= P + c - (1 - i) m t >= i P + c.
 
-    Where ``rank_times`` are exact for rank 0 (see there), its own windows give a second floor:
-    step >= P + _exposed(gradient collective, backward) + _exposed(weight gather, forward) for ZeRO-0/1/2, and
-    step >= P + m _exposed(ZeRO-3 traffic, 2 F + B + W) for ZeRO-3 (recomputation adds at most one forward of the
-    layers to a micro-batch, so 2 F + B + W bounds its window). Returned as arrays a, C of shape (2, 4):
-    step >= max_k (a[k] P + C[k]) per ZeRO stage.
+    Rank 0's own windows (its exact ``rank_times``) give a second floor, ``data_parallel.dp_exposed_s`` with its
+    forward and backward and, for ZeRO-3, a micro-batch's time with recomputation bounded by one more forward.
     """
-    row = space.groups[g]
-    tp, ep, pp = int(row[G["tp"]]), int(row[G["ep"]]), int(row[G["pp"]])
-    m = int(space.num_microbatches[g])
-    sched = SCHEDULES[space.schedules[int(row[G["sched"]])]]
-    i = float(getattr(cluster.gpu, "comm_overlap_interference", 0.0))
-    gpn = cluster.gpus_per_node
-    dp_group = comm.place_group(int(t.dp_shard[g]), tp, gpn)
-    edp_group = comm.place_group(int(t.expert_dp_shard[g]), tp * ep, gpn)
-    grad_bytes = GRAD_REDUCE_BYTES
-    coll = [0.0] * 4
-    rank0: tuple[float, ...] = ()
-    for n, nm, extra in _end_ranks_of(t, g):
-        dense, expert = (float(x) for x in _local_params(t, g, n, nm, extra))
-        pairs = ((dp_group, dense), (edp_group, expert))
-        ar = sum(comm.all_reduce_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
-        rs = sum(comm.reduce_scatter_s(cluster, grp, k * grad_bytes) for grp, k in pairs)
-        ag = sum(comm.all_gather_s(cluster, grp, k * WEIGHT_BYTES) for grp, k in pairs)
-        per_mb = 2 * ag + rs
-        z3 = per_mb if sched.zero3_gathers_once_per_step else m * per_mb
-        coll = [max(x, y) for x, y in zip(coll, (ar, rs + ag, rs + ag, z3))]
-        rank0 = rank0 or (ar, rs, ag, per_mb)
-    a = 1 - (1 - i) / m
-    coef, const = [[a, a, a, i]], [coll]
-    holds_head = _rank_layout(space.schedules[int(row[G["sched"]])], space.num_layers, pp, int(row[G["vpp"]]),
-                              t.dense_layers)[4][0]
-    if tp == 1 or (int(row[G["sp"]]) and not holds_head):
-        F, B, W = times or rank_times(space, t, g)
-        fwd, bwd = F[0], B[0] + W[0]
-        # a micro-batch's time on rank 0 with any recomputation: recomputing redoes at most the layers' forward
-        t_mb = 2 * fwd + bwd
-        ar, rs, ag, per_mb = rank0
-
-        def exposed(c: float, window: float) -> float:  # step._exposed
-            hidden = min(c, window)
-            return c - hidden + hidden * i
-
-        z12 = exposed(rs, bwd) + exposed(ag, fwd)
-        z3 = exposed(per_mb, m * t_mb) if sched.zero3_gathers_once_per_step else m * exposed(per_mb, t_mb)
-        coef.append([1.0, 1.0, 1.0, 1.0])
-        const.append([exposed(ar, bwd), z12, z12, z3])
-    else:  # no second floor: step >= P, which the caller takes anyway
-        coef.append([1.0, 1.0, 1.0, 1.0])
-        const.append([0.0, 0.0, 0.0, 0.0])
-    return np.array(coef), np.array(const)
-
-
-def refine_group(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: int, cheap_bound: float,
-                 threshold: float = np.inf, floors: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-                 ) -> tuple[float, float, tuple[np.ndarray, np.ndarray]]:
-    """(bound on every row of group g, its pipeline floor, its data-parallel floor (a, C)): the refined pipeline
-    time, raised per ZeRO stage by the data-parallel floor and the optimizer step, least over the stages the space
-    allows. When the pipeline floor alone already exceeds ``threshold`` the rest is not computed (the group is
-    pruned whatever it would add). ``floors``: the group's (a, C, optimizer seconds per ZeRO stage) from
-    :func:`group_floors`, if already computed."""
-    times = rank_times(space, t, g)
-    pipe = max(cheap_bound, refined_group_bound(space, t, g, times))
-    if pipe > threshold:
-        return pipe, pipe, (np.ones((2, 4)), np.zeros((2, 4)))
-    if floors is None:
-        dp, opt = data_parallel_floor_s(model, cluster, space, t, g, times), _optimizer_floats(space, t, g)
-    else:
-        dp, opt = floors[:2], floors[2]
-    zeros = np.array(space.zero_stages, dtype=np.int64)
-    per_zero = with_data_parallel_floor(pipe, dp[0][:, zeros], dp[1][:, zeros]) + opt[zeros]
-    return float(per_zero.min()), pipe, dp
-
-
-def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables,
-                 g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``data_parallel_floor_s`` (a, C, each of shape (len(g), 2, 4)) and ``_optimizer_floats`` (shape (len(g), 4))
-    of many groups at once, with the same formulas (ring collectives as in ``planner.cost.comm``, through
-    :mod:`planner.search.layer_table`'s array versions; tests check equality with the per-group functions)."""
     g = np.asarray(g, dtype=np.int64)
     n = len(g)
-    tp, ep, sp = space.col("tp")[g], space.col("ep")[g], space.col("sp")[g]
     m = space.num_microbatches[g]
     once = np.array([SCHEDULES[name].zero3_gathers_once_per_step for name in space.schedules])[space.col("sched")[g]]
-    i = float(getattr(cluster.gpu, "comm_overlap_interference", 0.0))
-    gpn = cluster.gpus_per_node
+    i = cluster.gpu.comm_overlap_interference
     dp_shard, edp_shard = t.dp_shard[g], t.expert_dp_shard[g]
-    dp_group = layer_table.place_group(dp_shard, tp, gpn)
-    edp_group = layer_table.place_group(edp_shard, tp * ep, gpn)
+    dense_group, expert_group = dp_groups(cluster, space.col("tp")[g], space.col("cp")[g], space.dp[g],
+                                          space.col("ep")[g])
+    grad_bytes = space.col("grb")[g]
     coll = np.zeros((n, 4))
     full = sharded = np.zeros(n)
     rank0 = None
@@ -526,103 +419,28 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
         dense, expert = _local_params(t, g, n_l, nm, extra)
         full = np.maximum(full, dense + expert)
         sharded = np.maximum(sharded, dense / dp_shard + expert / edp_shard)
-        ar = layer_table.all_reduce_s(cluster, dp_group, dense * GRAD_REDUCE_BYTES) + \
-            layer_table.all_reduce_s(cluster, edp_group, expert * GRAD_REDUCE_BYTES)
-        rs = layer_table.reduce_scatter_s(cluster, dp_group, dense * GRAD_REDUCE_BYTES) + \
-            layer_table.reduce_scatter_s(cluster, edp_group, expert * GRAD_REDUCE_BYTES)
-        ag = layer_table.all_gather_s(cluster, dp_group, dense * WEIGHT_BYTES) + \
-            layer_table.all_gather_s(cluster, edp_group, expert * WEIGHT_BYTES)
-        per_mb = 2 * ag + rs
-        z3 = np.where(once, per_mb, m * per_mb)
-        coll = np.maximum(coll, np.stack([ar, rs + ag, rs + ag, z3], axis=1))
-        if rank0 is None:
-            rank0 = (ar, rs, ag, per_mb)
+        c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes)
+        z3 = np.where(once, c.zero3_per_gather_s, m * c.zero3_per_gather_s)
+        coll = np.maximum(coll, np.stack([c.all_reduce_s, c.reduce_scatter_s + c.all_gather_s,
+                                          c.reduce_scatter_s + c.all_gather_s, z3], axis=1))
+        rank0 = rank0 or c
     a = 1 - (1 - i) / m
     coef = np.empty((n, 2, 4))
     coef[:, 0, :3], coef[:, 0, 3], coef[:, 1, :] = a[:, None], i, 1.0
     const = np.zeros((n, 2, 4))
     const[:, 0] = coll
-    # the second floor, where rank_times are exact for rank 0 (pick 0): TP 1, or SP on and rank 0 without the head
-    exact0 = (tp == 1) | ((sp != 0) & (t.rank_head[g, 0] == 0))
-    nd0, nm0 = t.rank_layers[g, 0] - t.rank_moe[g, 0], t.rank_moe[g, 0]
-    emb0, head0 = t.rank_emb[g, 0], t.rank_head[g, 0]
-    fd, bd, wd, fm, bm, wm = t.layer_s[g].T
-    emb_f, emb_w, head_f, head_b, head_w = t.ends_s[g].T
-    send = np.where(space.col("pp")[g] > 1, t.p2p_s[g], 0.0)
-    chunks = space.col("vpp")[g]
-    fwd = nd0 * fd + nm0 * fm + chunks * send + emb0 * emb_f + head0 * head_f
-    bwd = (nd0 * bd + nm0 * bm + chunks * send + head0 * head_b) + (nd0 * wd + nm0 * wm + emb0 * emb_w +
-                                                                     head0 * head_w)
-    t_mb = 2 * fwd + bwd
-    ar, rs, ag, per_mb = rank0
-
-    def exposed(c: np.ndarray, window: np.ndarray) -> np.ndarray:  # step._exposed
-        hidden = np.minimum(c, window)
-        return c - hidden + hidden * i
-
-    z12 = exposed(rs, bwd) + exposed(ag, fwd)
-    z3 = np.where(once, exposed(per_mb, m * t_mb), m * exposed(per_mb, t_mb))
-    second = np.stack([exposed(ar, bwd), z12, z12, z3], axis=1)
-    const[:, 1] = np.where(exact0[:, None], second, 0.0)
+    F, B, W = times if times is not None else rank_times(space, t, g)
+    fwd, bwd = F[:, 0], B[:, 0] + W[:, 0]
+    ogr, opg = space.col("ogr")[g].astype(bool), space.col("opg")[g].astype(bool)
+    const[:, 1] = np.stack([dp_exposed_s(rank0, z, fwd, bwd, fwd, m, once, ogr, opg, i) for z in range(4)], axis=1)
     opt = np.stack([full, sharded, sharded, sharded], axis=1) * t.optimizer_s_per_param
     return coef, const, opt
-
-
-def refined_group_bounds(space: Space, t: GroupTables, g: np.ndarray) -> np.ndarray:
-    """``refined_group_bound`` of many groups at once: each schedule's closed form (``planner.cost.schedule``) over
-    the groups' per-rank ``rank_times``, as arrays of shape (groups, ranks) with ranks past a group's p zero (they
-    add nothing to any form), summed rank by rank in the scalar forms' order. Schedules whose time function has no
-    array form here are timed by the scalar function."""
-    g = np.asarray(g, dtype=np.int64)
-    n = len(g)
-    sched = space.col("sched")[g]
-    p, v, m = space.col("pp")[g], space.col("vpp")[g], space.num_microbatches[g]
-    p_max = int(p.max()) if n else 1
-    combos, inv = np.unique(np.stack([sched, p, v], axis=1), axis=0, return_inverse=True)
-    layout = np.zeros((5, len(combos), p_max))
-    for c, (si, pc, vc) in enumerate(combos.tolist()):
-        layout[:, c, :pc] = _rank_layout(space.schedules[si], space.num_layers, pc, vc, t.dense_layers)
-    nd, nm, chunks, emb, head = layout[:, inv.reshape(-1)]
-    fd, bd, wd, fm, bm, wm = (col[:, None] for col in t.layer_s[g].T)
-    emb_f, emb_w, head_f, head_b, head_w = (col[:, None] for col in t.ends_s[g].T)
-    send = np.where(p > 1, t.p2p_s[g], 0.0)[:, None]
-    F = nd * fd + nm * fm + chunks * send + emb * emb_f + head * head_f
-    B = nd * bd + nm * bm + chunks * send + head * head_b
-    W = nd * wd + nm * wm + emb * emb_w + head * head_w
-    T = F + B + W
-    t_max = T.max(axis=1)
-    k = T.argmax(axis=1)  # the first busiest rank, as list.index(max) finds it
-    w_min = np.minimum(np.minimum(W, F), B)
-    edge_terms = {"zb-h1": F + B - w_min, "zbv": np.maximum(np.maximum(B - W, B / 2), F / 2),
-                  "zb-h2": F + np.maximum(0.0, B - 2 * w_min)}
-    t_sum = np.zeros(n)
-    edges = {name: np.zeros(n) for name in edge_terms}
-    for r in range(p_max):
-        t_sum = t_sum + T[:, r]
-        for name, term in edge_terms.items():
-            edges[name] = edges[name] + np.where(k == r, 0.0, term[:, r])
-    forms = {schedule._flush_time: (m - 1) * t_max + t_sum,
-             schedule._interleaved_time: m * t_max + (t_sum - t_max) / v,
-             schedule._zb_h1_time: m * t_max + edges["zb-h1"],
-             schedule._zbv_time: m * t_max + edges["zbv"],
-             schedule._zb_h2_time: m * t_max + edges["zb-h2"]}
-    out = np.empty(n)
-    for si, name in enumerate(space.schedules):
-        mine = sched == si
-        if not mine.any():
-            continue
-        form = forms.get(SCHEDULES[name].time)
-        if form is not None:
-            out[mine] = form[mine]
-        else:
-            out[mine] = [refined_group_bound(space, t, int(x)) for x in g[mine]]
-    return out
 
 
 def floored_group_bound(space: Space, pipe_s: np.ndarray, coef: np.ndarray, const: np.ndarray,
                         opt_s: np.ndarray) -> np.ndarray:
     """Per group, the least over the space's ZeRO stages of a pipeline floor raised by the data-parallel floor,
-    plus the optimizer step (what ``refine_group`` computes, over arrays of groups)."""
+    plus the optimizer step."""
     best = np.full(len(pipe_s), np.inf)
     for z in space.zero_stages:
         floor = np.maximum(pipe_s, (coef[:, :, z] * pipe_s[:, None] + const[:, :, z]).max(axis=1))
@@ -639,7 +457,7 @@ def row_time_bound(space: Space, t: GroupTables, rows: Rows, pipe_floor: np.ndar
                    dp_floor: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Lower bound on each row's step time: the cheap pipeline bound (or ``pipe_floor``, the group's refined one, if
     larger), raised by the data-parallel floor of the row's ZeRO stage, plus the optimizer step of the larger of
-    ranks 0 and p-1. ``pipe_floor`` is per row; ``dp_floor`` the (a, C) arrays of ``data_parallel_floor_s`` per row
+    ranks 0 and p-1. ``pipe_floor`` is per row; ``dp_floor`` the (a, C) arrays of ``group_floors`` per row
     (shape rows x k x 4)."""
     g = rows.group
     pipe = (_work_s(t, g) + _recompute_s(space, t, g, rows.rec)) / space.col("pp")[g] * t.factor[g]
@@ -667,28 +485,6 @@ def _end_ranks(space: Space, t: GroupTables, g):
                emb > 0, t.rank_inflight[g, col], head > 0)
 
 
-def _end_ranks_of(t: GroupTables, g: int) -> list[tuple[float, float, float]]:
-    """``_end_ranks`` of one group as plain floats: (layers, MoE layers, extra dense parameters) per checked rank."""
-    emb, head = float(t.embedding_params[g]), float(t.head_params[g])
-    out: list[tuple[float, float, float]] = []
-    for n, nm, e, h in zip(t.rank_layers[g].tolist(), t.rank_moe[g].tolist(), t.rank_emb[g].tolist(),
-                           t.rank_head[g].tolist()):
-        if (n, nm, e * emb + h * head) not in out:  # the same rank picked twice (rank 0 first, as it was)
-            out.append((n, nm, e * emb + h * head))
-    return out
-
-
-def _optimizer_floats(space: Space, t: GroupTables, g: int) -> np.ndarray:
-    """``_optimizer_s`` of group g for ZeRO stages 0..3 (it runs once per group reached)."""
-    full = sharded = 0.0
-    dp_shard, edp_shard = float(t.dp_shard[g]), float(t.expert_dp_shard[g])
-    for n, nm, extra in _end_ranks_of(t, g):
-        dense, expert = (float(x) for x in _local_params(t, g, n, nm, extra))
-        full = max(full, dense + expert)
-        sharded = max(sharded, dense / dp_shard + expert / edp_shard)
-    return np.array([full, sharded, sharded, sharded]) * t.optimizer_s_per_param
-
-
 def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     """The optimizer step reads and writes the states of the parameters a GPU updates (sharded from ZeRO-1 on)."""
     g, z = rows.group, rows.zero
@@ -702,18 +498,13 @@ def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
 
 def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.ndarray, n_moe: np.ndarray,
                   extra_dense: np.ndarray) -> np.ndarray:
-    """Weights, gradients and optimizer states of one GPU (ZeRO stage sharding, Rajbhandari et al. 2020), plus the
-    two gathered layers ZeRO-3 holds (the one in use and the one prefetched), as ``memory.model_state_bytes``."""
+    """Weights, gradients and optimizer states of one GPU (``memory.model_state_bytes``: ZeRO stage sharding, plus
+    the two gathered layers ZeRO-3 holds), for the largest layer kind the rank holds."""
     dense, expert = _local_params(t, g, n_layers, n_moe, extra_dense)
-
-    def sharded(on: np.ndarray) -> np.ndarray:
-        return np.where(on, dense / t.dp_shard[g], dense) + np.where(on, expert / t.expert_dp_shard[g], expert)
-
     largest = np.where(n_moe > 0, t.largest_layer_params[g, 1], 0.0)
     largest = np.maximum(largest, np.where(n_layers > n_moe, t.largest_layer_params[g, 0], 0.0))
-    gathered = np.where((zero >= 3) & (t.dp_shard[g] > 1), 2 * largest * WEIGHT_BYTES, 0.0)
-    return WEIGHT_BYTES * sharded(zero >= 3) + GRAD_BYTES * sharded(zero >= 2) + \
-        OPTIMIZER_BYTES * sharded(zero >= 1) + gathered
+    states = model_state_bytes(StageParams(dense, expert, largest), zero, t.dp_shard[g], t.expert_dp_shard[g])
+    return states["weights"] + states["gradients"] + states["optimizer"]
 
 
 def _activation_bytes(t: GroupTables, g: np.ndarray, rec: np.ndarray, n_layers: np.ndarray, n_moe: np.ndarray,

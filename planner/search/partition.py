@@ -129,41 +129,64 @@ def _rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompu
 
 def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, recompute: bool):
     """Per rank r, stage start a (layers before it) and layer count n: the least recomputation K that fits in
-    memory and the rank's F, B, W per micro-batch (inf where nothing fits). The layers of a stage starting at a
+    memory and the rank's time t = F + B + W per micro-batch (an array [r, a, n], inf where nothing fits), and a
+    function giving (F, B, W, K) at one (r, a, n). The layers of a stage starting at a
     are dense below ``first_k_dense_layers``, MoE above; step.py recomputes a stage's dense layers first. With
     virtual stages a rank's chunks are not contiguous, so its layers count as the model's majority type."""
     p, L = cfg.pp, model.num_layers
     a = np.arange(L + 1, dtype=float)[:, None]
     n = np.arange(L + 1, dtype=float)[None, :]
+    # dense layers of a stage of n layers starting at a: independent of a (one row, broadcast over a) unless a MoE
+    # model's leading dense layers fall in it
     if not model.is_moe:
-        nd = np.broadcast_to(n, (L + 1, L + 1))
+        nd = n
     elif cfg.vpp == 1:
         nd = np.clip(model.first_k_dense_layers - a, 0, n)
     else:
-        nd = np.broadcast_to(n if model.first_k_dense_layers * 2 > L else 0 * n, (L + 1, L + 1))
+        nd = n if model.first_k_dense_layers * 2 > L else 0 * n
     nm = n - nd
-    shape = (p, L + 1, L + 1)
-    F, B, W, K = np.full(shape, math.inf), np.full(shape, math.inf), np.full(shape, math.inf), np.zeros(shape)
+    # all ranks at once: per-rank rates along a leading axis
     d, e = rates.dense, rates.moe
-    for r in range(p):
-        mem_none = rates.mem0[r] + nd * d.memn[r] + nm * e.memn[r]
-        kd = km = np.zeros_like(mem_none)
-        if recompute:
-            need = mem_none + rates.mem_jump[r] - limit
-            sd, sm = -d.memk[r], -e.memk[r]
-            kd = np.minimum(nd, np.ceil(np.maximum(need, 0.0) / sd - 1e-9)) if sd > 0 else nd.copy()
-            rest = need - kd * max(sd, 0.0)
-            km = np.ceil(np.maximum(rest, 0.0) / sm - 1e-9) if sm > 0 else np.where(rest > 0, nm + 1, 0.0)
-            over = mem_none <= limit
-            kd, km = np.where(over, 0.0, kd), np.where(over, 0.0, km)
-        k = kd + km
-        mem = mem_none + kd * d.memk[r] + km * e.memk[r] + np.where(k > 0, rates.mem_jump[r], 0.0)
-        ok = (mem <= limit * (1 + 1e-12)) & (km <= nm) & (n <= L - a)
-        F[r] = np.where(ok, rates.f0[r] + nd * d.fn[r] + nm * e.fn[r] + kd * d.fk[r] + km * e.fk[r], math.inf)
-        B[r] = np.where(ok, rates.b0[r] + nd * d.bn[r] + nm * e.bn[r] + kd * d.bk[r] + km * e.bk[r], math.inf)
-        W[r] = np.where(ok, rates.w0[r] + nd * d.wn[r] + nm * e.wn[r], math.inf)
-        K[r] = k
-    return F, B, W, K.astype(int)
+
+    def per_rank(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=float)[:, None, None]
+
+    nd, nm = nd[None], nm[None]
+    mem_none = per_rank(rates.mem0) + nd * per_rank(d.memn) + nm * per_rank(e.memn)
+    kd = km = np.zeros((1, 1, 1))
+    if recompute:
+        need = mem_none + per_rank(rates.mem_jump) - limit
+        sd, sm = -per_rank(d.memk), -per_rank(e.memk)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kd = np.where(sd > 0, np.minimum(nd, np.ceil(np.maximum(need, 0.0) / sd - 1e-9)), nd)
+            rest = need - kd * np.maximum(sd, 0.0)
+            km = np.where(sm > 0, np.ceil(np.maximum(rest, 0.0) / sm - 1e-9), np.where(rest > 0, nm + 1, 0.0))
+        fits = mem_none <= limit
+        kd, km = np.where(fits, 0.0, kd), np.where(fits, 0.0, km)
+    k = kd + km
+    mem = mem_none + kd * per_rank(d.memk) + km * per_rank(e.memk) + np.where(k > 0, per_rank(rates.mem_jump), 0.0)
+    ok = (mem <= limit * (1 + 1e-12)) & (km <= nm) & (n <= L - a)[None]
+
+    def f_b_w(r, nd_, nm_, kd_, km_):
+        """F, B, W of rank(s) r holding nd_ dense and nm_ MoE layers, kd_ / km_ of them recomputed."""
+        f = rates.f0[r] + nd_ * d.fn[r] + nm_ * e.fn[r] + kd_ * d.fk[r] + km_ * e.fk[r]
+        b = rates.b0[r] + nd_ * d.bn[r] + nm_ * e.bn[r] + kd_ * d.bk[r] + km_ * e.bk[r]
+        w = rates.w0[r] + nd_ * d.wn[r] + nm_ * e.wn[r]
+        return f, b, w
+
+    f, b, w = f_b_w(np.arange(p)[:, None, None], nd, nm, kd, km)
+    t = np.where(ok, f + b + w, math.inf)
+    shape = (p, L + 1, L + 1)
+    nd_full, nm_full = np.broadcast_to(nd, shape), np.broadcast_to(nm, shape)
+    kd_full, km_full = np.broadcast_to(kd, shape), np.broadcast_to(km, shape)
+
+    def at(r: int, start: int, count: int) -> tuple[float, float, float, int]:
+        """(F, B, W, recomputed layers) of rank r holding ``count`` layers from ``start``."""
+        x = (r, start, count)
+        fx, bx, wx = f_b_w(r, nd_full[x], nm_full[x], kd_full[x], km_full[x])
+        return float(fx), float(bx), float(wx), int(kd_full[x] + km_full[x])
+
+    return t, at
 
 
 @lru_cache(maxsize=64)
@@ -184,27 +207,40 @@ def _by_end(t: np.ndarray, layers: int, min_per_rank: int) -> np.ndarray:
     return out
 
 
+def _gather_prev(best: np.ndarray, layers: int, counts: int) -> np.ndarray:
+    """best[l - n] for every end l and count n < ``counts``, inf where n > l (through an inf sentinel)."""
+    gather, valid = _shift_tables(layers)
+    return np.append(best, math.inf)[np.where(valid, gather, layers + 1)[:, :counts]]
+
+
+def _max_count(te: np.ndarray, cap: float) -> int:
+    """The most layers any rank can hold within ``cap`` (costs grow with the count, so longer stages are out)."""
+    within = np.flatnonzero(np.any(te <= cap, axis=(0, 1)))
+    return int(within.max()) if len(within) else 0
+
+
 def _min_max_time(te: np.ndarray, layers: int) -> float:
     """Min-max DP over ranks: the least bottleneck time max_r t_r of any split placing all ``layers``."""
-    gather, valid = _shift_tables(layers)
     best = np.full(layers + 1, math.inf)
     best[0] = 0.0
     for r in range(te.shape[0]):
-        best = np.min(np.maximum(np.where(valid, best[gather], math.inf), te[r]), axis=1)
+        best = np.min(np.maximum(_gather_prev(best, layers, layers + 1), te[r]), axis=1)
     return float(best[layers])
 
 
 def _min_sum_split(te: np.ndarray, cap: float, layers: int) -> list[int] | None:
-    """Min-plus DP over ranks: layer counts N_r (sum = layers, every t_r <= cap) with the least sum of t."""
+    """Min-plus DP over ranks: layer counts N_r (sum = layers, every t_r <= cap) with the least sum of t. Only
+    counts up to the most any rank can hold within the cap are tried."""
     p = te.shape[0]
-    gather, valid = _shift_tables(layers)
+    counts = _max_count(te, cap) + 1
     best = np.full(layers + 1, math.inf)
     best[0] = 0.0
     choice = np.zeros((p, layers + 1), dtype=int)
     rows = np.arange(layers + 1)
+    capped = np.where(te[:, :, :counts] <= cap, te[:, :, :counts], math.inf)
     for r in range(p):
         # new[l] = min over n <= l of best[l - n] + cost of n layers ending at l
-        total = np.where(valid, best[gather], math.inf) + np.where(te[r] <= cap, te[r], math.inf)
+        total = _gather_prev(best, layers, counts) + capped[r]
         choice[r] = np.argmin(total, axis=1)  # first minimum: deterministic
         best = total[rows, choice[r]]
     if not math.isfinite(best[layers]):
@@ -244,8 +280,7 @@ def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_rec
     m, L = cfg.num_microbatches, model.num_layers
     rates = _rates(model, cluster, cfg, per_stage_recompute)
     min_per_rank = MIN_LAYERS_PER_STAGE * cfg.vpp
-    F, B, W, K = _rank_costs(model, cfg, rates, limit, per_stage_recompute)
-    t = F + B + W
+    t, at = _rank_costs(model, cfg, rates, limit, per_stage_recompute)
     te = _by_end(t, L, min_per_rank)
     sched = get_schedule(cfg.schedule)
     caps = np.unique(te[np.isfinite(te)])
@@ -262,10 +297,11 @@ def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_rec
         if split is None:
             continue
         starts = [sum(split[:r]) for r in range(len(split))]
-        pick = [(r, a, n) for r, (a, n) in enumerate(zip(starts, split))]
-        total = sched.time([F[x] for x in pick], [B[x] for x in pick], [W[x] for x in pick], m, cfg.vpp).total_s
+        costs = [at(r, a, n) for r, (a, n) in enumerate(zip(starts, split))]
+        total = float(sched.time([c[0] for c in costs], [c[1] for c in costs], [c[2] for c in costs], m,
+                                 cfg.vpp).total_s)
         if total < best_time:
-            best_time, best_cfg = total, (split, [int(K[x]) for x in pick])
+            best_time, best_cfg = total, (split, [c[3] for c in costs])
     if best_cfg is None:
         return None
     split, ks = best_cfg

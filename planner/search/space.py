@@ -44,6 +44,16 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (True, False)
     #: try "full on the first k layers of each stage" for every k (else only full on all layers)
     partial_recompute: bool = True
+    #: runtime options. Each value the cost model ranks the same way everywhere (a fused attention kernel, TP
+    #: communication overlapped with GEMMs, overlapped DP collectives, bf16 gradient reduction: never slower and
+    #: never more memory than the alternative) is the default alone, so the default space has the same optimum
+    #: as the one with both values; a launcher or stack that cannot run it narrows the tuple to what it runs, and
+    #: a user may widen it to compare. TP overlap applies only to TP > 1 with SP (Megatron-Core's rule).
+    flash_attention: tuple[bool, ...] = (True,)
+    tp_comm_overlap: tuple[bool, ...] = (True,)
+    overlap_grad_reduce: tuple[bool, ...] = (True,)
+    overlap_param_gather: tuple[bool, ...] = (True,)
+    grad_reduce_bytes: tuple[int, ...] = (2,)
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
     max_pp: int | None = None
@@ -57,8 +67,13 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(sorted(set(small + [n // d for d in small])))
 
 
-#: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules
-GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp")
+#: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules; the runtime options: "tpo"
+#: TP comm overlap, "fa" flash attention, "ogr" / "opg" overlapped grad reduce / param gather (0/1), "grb" bytes
+#: per element of the gradient reduction
+GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp", "tpo", "fa", "ogr", "opg", "grb")
+#: the option columns, after the degree columns, and the RunConfig field each sets
+OPTION_FIELDS = {"tpo": "tp_comm_overlap", "fa": "flash_attention", "ogr": "overlap_grad_reduce",
+                 "opg": "overlap_param_gather", "grb": "grad_reduce_bytes"}
 G = {name: j for j, name in enumerate(GROUP_COLS)}
 
 
@@ -66,13 +81,19 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                space: SearchSpace) -> np.ndarray:
     """Every group that passes the degree rules of ``config_problems``, one row of ``GROUP_COLS`` each (int64).
 
-    The walk lists each valid (TP, CP, kind, PP, micro-batch, schedule, VPP) once with the (EP, SP) pairs its
-    degrees allow; the rows, one per pair, are then laid out with numpy in the same order."""
+    The walk lists each valid (TP, CP, kind, PP, micro-batch, schedule, VPP) once with the (EP, SP, options)
+    tails its degrees allow; the rows, one per tail, are then laid out with numpy in the same order."""
     L = model.num_layers
     max_tp = min(space.max_tp or cluster.gpus_per_node, cluster.gpus_per_node)
     kinds = [k for k in space.cp_kinds if k in CP_KINDS]
     scheds = [SCHEDULES[s] for s in space.schedules]
     sp_opts = sorted({int(x) for x in space.sequence_parallel})
+    # runtime options other than TP overlap: the same for every group
+    shared_opts = [(int(fa), int(ogr), int(opg), int(grb)) for fa in sorted(set(space.flash_attention), reverse=True)
+                   for ogr in sorted(set(space.overlap_grad_reduce), reverse=True)
+                   for opg in sorted(set(space.overlap_param_gather), reverse=True)
+                   for grb in sorted(set(space.grad_reduce_bytes))]
+    tpo_opts = sorted({int(x) for x in space.tp_comm_overlap}, reverse=True)
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
     tail_sets: list[list[tuple[int, int]]] = []
     for tp in divisors(num_gpus):
@@ -103,8 +124,9 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     # virtual stages per schedule: chunks must split the layers evenly (validity)
                     vpps = [([v for v in divisors(L // pp) if v >= 2 and L % (pp * v) == 0] if pp > 1 else [])
                             if sched.supports_vpp else [1] for sched in scheds]
-                    tails = [(ep, sp) for ep in eps for sp in sps
-                             if not (ep > 1 and tp > 1 and not sp)]  # Megatron-Core MoE: EP with TP needs SP
+                    tails = [(ep, sp, tpo) + opts for ep in eps for sp in sps
+                             if not (ep > 1 and tp > 1 and not sp)  # Megatron-Core MoE: EP with TP needs SP
+                             for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts]
                     if not tails:
                         continue
                     tail_id = len(tail_sets)
@@ -125,10 +147,10 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     reps = n_tails[head[:, 7]]
     rows = np.repeat(head, reps, axis=0)
     within = np.arange(len(rows)) - np.repeat(np.cumsum(reps) - reps, reps)
-    ep_sp = flat_tails[np.repeat(offset[head[:, 7]], reps) + within]
-    # GROUP_COLS order: tp, cp, cp_kind, pp, ep, mb, sched, vpp, sp
-    return np.column_stack([rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], ep_sp[:, 0], rows[:, 4], rows[:, 5],
-                            rows[:, 6], ep_sp[:, 1]])
+    tail = flat_tails[np.repeat(offset[head[:, 7]], reps) + within]
+    # GROUP_COLS order: tp, cp, cp_kind, pp, ep, mb, sched, vpp, sp, then the options
+    return np.column_stack([rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], tail[:, 0], rows[:, 4], rows[:, 5],
+                            rows[:, 6], tail[:, 1:]])
 
 
 @dataclass(frozen=True)
@@ -226,7 +248,8 @@ class Space:
             global_batch_size=self.global_batch, micro_batch_size=g["mb"], seq_len=self.seq_len,
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
-            schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]])
+            schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]],
+            **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
 
 
 def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,

@@ -7,7 +7,9 @@ arguments. Derived quantities (DP degree, number of micro-batches) are propertie
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -71,6 +73,58 @@ class RunConfig:
 
     def with_(self, **changes: Any) -> "RunConfig":
         return replace(self, **changes)
+
+
+#: the RunConfig fields one decoder layer's costs read (kernels, activations, TP / CP / EP communication): the
+#: columns of a :class:`ConfigBatch`
+LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
+                "flash_attention", "tp_comm_overlap")
+
+
+@dataclass(frozen=True, eq=False)
+class ConfigBatch:
+    """Many configurations as columns: one numpy array per field of :data:`LAYER_FIELDS`, all of one length.
+
+    The cost model's per-layer functions take either one :class:`RunConfig` or a ``ConfigBatch`` and are written
+    with numpy expressions that broadcast over both, so a configuration and a search's thousands of keys go through
+    the same code (``cp_kind`` and ``recompute`` are string arrays: ``batch.cp_kind == "ulysses"`` is elementwise).
+    """
+
+    tp: np.ndarray
+    cp: np.ndarray
+    cp_kind: np.ndarray
+    ep: np.ndarray
+    micro_batch_size: np.ndarray
+    seq_len: np.ndarray
+    sequence_parallel: np.ndarray
+    recompute: np.ndarray
+    flash_attention: np.ndarray
+    tp_comm_overlap: np.ndarray
+
+    @classmethod
+    def from_columns(cls, **cols: Any) -> "ConfigBatch":
+        """A batch from arrays (or scalars, broadcast to the arrays' length), one per field of LAYER_FIELDS."""
+        missing = [f for f in LAYER_FIELDS if f not in cols]
+        if missing:
+            raise TypeError(f"ConfigBatch.from_columns: missing {', '.join(missing)}")
+        arrays = np.broadcast_arrays(*(np.asarray(cols[f]) for f in LAYER_FIELDS))
+        kinds = {"tp": np.int64, "cp": np.int64, "ep": np.int64, "micro_batch_size": np.int64, "seq_len": np.int64,
+                 "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool}
+        out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
+        return cls(**out)
+
+    @classmethod
+    def of(cls, cfgs: Sequence[RunConfig]) -> "ConfigBatch":
+        """The batch of the given configurations, in order."""
+        return cls.from_columns(**{f: [getattr(c, f) for c in cfgs] for f in LAYER_FIELDS})
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @property
+    def tokens_per_rank(self) -> np.ndarray:
+        """Tokens of one micro-batch on one GPU: b s / cp (as :attr:`RunConfig.tokens_per_rank`)."""
+        return self.micro_batch_size * self.seq_len / self.cp
 
 
 def even_layer_split(num_layers: int, num_stages: int) -> tuple[int, ...]:

@@ -6,14 +6,16 @@ dataclasses hold SI units (FLOP/s, bytes, bytes/s, seconds).
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from planner.errors import PlannerError
-from planner.specs.model import _data_dir, _resolve, read_json_file
+from planner.specs.model import MAX_CONFIG_INT, _data_dir, _resolve, read_json_file
 
 GIB = 1024**3
 GB = 1e9
@@ -31,19 +33,17 @@ class EfficiencyCurve:
     log10_flops: tuple[float, ...]
     efficiency: tuple[float, ...]
 
-    def __call__(self, flops: float) -> float:
-        if flops <= 0:
-            return self.efficiency[0]
-        x = math.log10(flops)
-        xs = self.log10_flops
-        if x <= xs[0]:
-            return self.efficiency[0]
-        if x >= xs[-1]:
-            return self.efficiency[-1]
-        i = bisect.bisect_right(xs, x)
-        x0, x1 = xs[i - 1], xs[i]
-        e0, e1 = self.efficiency[i - 1], self.efficiency[i]
-        return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+    @cached_property
+    def _points(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.log10_flops, dtype=float), np.asarray(self.efficiency, dtype=float)
+
+    def __call__(self, flops):
+        """Efficiency at ``flops`` (a number or an array of them): linear in log10(flops) between the points, flat
+        outside them (and the first point's value for no FLOPs)."""
+        xs, es = self._points
+        flops = np.asarray(flops, dtype=float)
+        x = np.log10(np.where(flops > 0, flops, 10.0 ** xs[0]))
+        return np.interp(x, xs, es)
 
 
 @dataclass(frozen=True)
@@ -186,11 +186,13 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
     if not isinstance(node, dict):
         raise PlannerError("missing or not an object", source=source, field="node", fix=_FORMAT_FIX)
     gpn = node.get("gpus_per_node")
-    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
-        raise PlannerError(f"must be a positive integer, got {gpn!r}", source=source, field="node.gpus_per_node")
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or not 1 <= gpn <= MAX_CONFIG_INT:
+        raise PlannerError(f"must be a positive integer (at most {MAX_CONFIG_INT}), got {gpn!r}", source=source,
+                           field="node.gpus_per_node")
     max_gpus = data.get("max_gpus", 0)
-    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 0:
-        raise PlannerError(f"must be a non-negative integer, got {max_gpus!r}", source=source, field="max_gpus")
+    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or not 0 <= max_gpus <= MAX_CONFIG_INT:
+        raise PlannerError(f"must be an integer from 0 to {MAX_CONFIG_INT}, got {max_gpus!r}", source=source,
+                           field="max_gpus")
     return Cluster(
         name=str(data.get("name", default_name)), gpu=gpu, gpus_per_node=gpn,
         intra_node=_link(node.get("intra_node"), source, "node.intra_node"),
