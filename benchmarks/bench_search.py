@@ -74,7 +74,8 @@ def _short(c: RunConfig) -> str:
     if c.recompute_layers_per_stage is not None:
         rec += "(per stage)"
     return s + f" mb{c.micro_batch_size} {c.schedule} {rec} Z{c.zero_stage}" + (" SP" if c.sequence_parallel and
-                                                                                  c.tp > 1 else "")
+                                                                                  c.tp > 1 else "") + \
+        (" TPoverlap" if c.tp_comm_overlap and c.tp > 1 else "")
 
 
 #: published configurations: (label, model, cluster, RunConfig knobs as published)
@@ -96,8 +97,9 @@ PUBLISHED = [
 #: how many top plans the quality check lists (the published configuration is looked for among them)
 QUALITY_TOP = 25
 #: the options Megatron-LM had when the GPT runs were published (2021-22): 1F1B or interleaved schedules, no
-#: context parallelism, no sharding beyond the distributed optimizer (ZeRO-1)
-ERA_SPACE = SearchSpace(schedules=("1f1b", "interleaved-1f1b"), max_cp=1, zero_stages=(0, 1))
+#: context parallelism, no sharding beyond the distributed optimizer (ZeRO-1), no TP communication overlap
+ERA_SPACE = SearchSpace(schedules=("1f1b", "interleaved-1f1b"), max_cp=1, zero_stages=(0, 1),
+                        tp_comm_overlap=(False,))
 
 
 def _rank_of(published: RunConfig, plan) -> str:

@@ -37,15 +37,16 @@ SCENARIOS = (("GPT-3 175B, 1024 A100", "gpt3-175b", "a100-80gb-sxm", 1024, 1536,
 #: what one timing process runs: import, load, then two identical searches (cold, warm), CPU seconds as JSON
 _CHILD = """
 import json, sys, time
-from planner.search.engine import search
+from planner.search.engine import SearchSpace, search
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 model, cluster = load_model(sys.argv[1]), load_cluster(sys.argv[2])
 n, b, s = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+space = SearchSpace(tp_comm_overlap=(False,)) if sys.argv[6] == "previous-space" else SearchSpace()
 out = {}
 for name in ("cold", "warm"):
     c0 = time.process_time()
-    res = search(model, cluster, n, b, s, top=3)
+    res = search(model, cluster, n, b, s, top=3, space=space)
     out[name] = time.process_time() - c0
 c = res.best.config
 out["best"] = f"TP{c.tp} PP{c.pp} DP{c.dp} CP{c.cp} EP{c.ep} VPP{c.vpp} {c.schedule} Z{c.zero_stage}"
@@ -65,10 +66,12 @@ def unpack(rev: str, dest: Path) -> Path:
     return dest
 
 
-def time_once(src: Path, scenario: tuple) -> dict:
-    """One fresh process importing ``planner`` from ``src``; its cold and warm search CPU seconds."""
+def time_once(src: Path, scenario: tuple, space: str = "default") -> dict:
+    """One fresh process importing ``planner`` from ``src``; its cold and warm search CPU seconds. ``space``:
+    "default", or "previous-space" (this version searching only what the previous one could: no TP overlap)."""
     _, model, cluster, n, b, s = scenario
-    r = subprocess.run([sys.executable, "-c", _CHILD, model, cluster, str(n), str(b), str(s)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", _CHILD, model, cluster, str(n), str(b), str(s), space],
+                       capture_output=True,
                        text=True, cwd=src, env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})
     if r.returncode:
         raise SystemExit(f"timing run failed in {src}: {r.stderr.strip()[-2000:]}")
@@ -86,27 +89,36 @@ def main() -> None:
     con = Console(width=160)
     with tempfile.TemporaryDirectory() as tmp:
         old_src = unpack(args.base, Path(tmp) / "previous")
-        versions = {"previous": old_src, "this": ROOT}
-        t = Table(title=f"Search CPU seconds, this version vs {args.base} (min of {args.repeats} fresh processes)")
-        for col in ("scenario", "previous cold", "this cold", "ratio cold", "previous warm", "this warm",
-                    "ratio warm", "exact evals (prev / this)", "best plan (this)", "step s (prev / this)"):
+        versions = {"previous": (old_src, "default"), "this": (ROOT, "default"), "same": (ROOT, "previous-space")}
+        t = Table(title=f"Search CPU seconds, this version vs {args.base} (min of {args.repeats} fresh processes); "
+                        "'same space': this version without the new TP-overlap dimension")
+        for col in ("scenario", "previous cold / warm", "this cold / warm", "ratio cold / warm",
+                    "same space cold / warm", "ratio", "exact evals (prev / this)", "best plan (this)",
+                    "step s (prev / this)"):
             t.add_column(col, justify="left" if col in ("scenario", "best plan (this)") else "right")
-        worst = 0.0
+        worst = {"this": 0.0, "same": 0.0}
         for sc in SCENARIOS:
             runs: dict[str, list[dict]] = {k: [] for k in versions}
             for _ in range(args.repeats):
-                for name, src in versions.items():  # taking turns, so drifts of the machine hit both alike
-                    runs[name].append(time_once(src, sc))
+                for name, (src, space) in versions.items():  # taking turns, so drifts of the machine hit all alike
+                    runs[name].append(time_once(src, sc, space))
             best = {k: {m: min(r[m] for r in v) for m in ("cold", "warm")} for k, v in runs.items()}
-            ratio = {m: best["this"][m] / best["previous"][m] for m in ("cold", "warm")}
-            worst = max(worst, ratio["cold"], ratio["warm"])
+            ratio = {k: {m: best[k][m] / best["previous"][m] for m in ("cold", "warm")} for k in ("this", "same")}
+            for k in worst:
+                worst[k] = max(worst[k], *ratio[k].values())
             last = {k: v[-1] for k, v in runs.items()}
-            t.add_row(sc[0], f"{best['previous']['cold']:.3f}", f"{best['this']['cold']:.3f}",
-                      f"{ratio['cold']:.2f}", f"{best['previous']['warm']:.3f}", f"{best['this']['warm']:.3f}",
-                      f"{ratio['warm']:.2f}", f"{last['previous']['exact']} / {last['this']['exact']}",
-                      last["this"]["best"], f"{last['previous']['step_s']:.2f} / {last['this']['step_s']:.2f}")
+
+            def pair(d: dict, fmt: str = ".3f") -> str:
+                return f"{d['cold']:{fmt}} / {d['warm']:{fmt}}"
+
+            t.add_row(sc[0], pair(best["previous"]), pair(best["this"]), pair(ratio["this"], ".2f"),
+                      pair(best["same"]), pair(ratio["same"], ".2f"),
+                      f"{last['previous']['exact']} / {last['this']['exact']}", last["this"]["best"],
+                      f"{last['previous']['step_s']:.2f} / {last['this']['step_s']:.2f}")
         con.print(t)
-        con.print(f"largest ratio: {worst:.2f} ({'within' if worst <= 1.10 else 'ABOVE'} issue 8's 1.10)")
+        for k, label in (("this", "default space"), ("same", "previous release's space")):
+            con.print(f"largest ratio, {label}: {worst[k]:.2f} "
+                      f"({'within' if worst[k] <= 1.10 else 'ABOVE'} issue 8's 1.10)")
 
 
 if __name__ == "__main__":

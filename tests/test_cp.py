@@ -283,17 +283,26 @@ def test_estimate_cli_takes_cp_kind():
        rec=st.sampled_from(["none", "selective", "full"]), moe=st.booleans())
 @settings(max_examples=120, deadline=None)
 def test_per_layer_cache_matches_the_uncached_layer_cost(tp, cp, ep, pp, zero, kind, rec, moe):
-    """step._layer_cost is memoized on the knobs a layer depends on; the result must not change."""
-    from planner.cost.step import _layer_cost
+    """step._layer_cost is memoized on the knobs a layer depends on (and primed by the search from a batch); the
+    result must not change."""
+    from planner.cost.step import LAYER_COSTS, _floats, _layer_cost, batch_costs, layer_costs
     model = load_model("mixtral-8x7b")
     gpus = tp * cp * pp * 8
     cfg = RunConfig(num_gpus=gpus, tp=tp, cp=cp, pp=pp, ep=ep, cp_kind=kind, zero_stage=zero, recompute=rec,
                     seq_len=32768, global_batch_size=64, sequence_parallel=tp > 1 or zero == 3)
     groups = comm.groups_for(H100, tp, cp, cfg.dp, pp, ep)
-    assert _layer_cost(model, H100, cfg, groups, moe) == _layer_cost.__wrapped__(model, H100, cfg, groups, moe)
-    # and equals the batch function's value for this configuration inside a batch of others
-    from planner.cost.step import layer_costs
+    uncached = _floats(layer_costs(model, H100, cfg, groups, moe))
+    LAYER_COSTS.clear()
+    assert _layer_cost(model, H100, cfg, groups, moe) == uncached
+    assert _layer_cost(model, H100, cfg, groups, moe) == uncached  # from the memo
+    # seeded from a batch holding it among others
     from planner.specs.config import ConfigBatch
+    LAYER_COSTS.clear()
+    LAYER_COSTS.seed(model, H100, cfg, batch_costs(model, H100, ConfigBatch.of([cfg.with_(micro_batch_size=3), cfg])),
+                     1)
+    primed = _layer_cost(model, H100, cfg, groups, moe)
+    for f in dataclasses.fields(primed):
+        assert getattr(primed, f.name) == pytest.approx(getattr(uncached, f.name), rel=1e-12, abs=0), f.name
     other = cfg.with_(micro_batch_size=2, cp_kind="ring" if kind == "ulysses" else "ulysses")
     batch = ConfigBatch.of([other, cfg])
     bgroups = comm.groups_for(H100, batch.tp, batch.cp, cfg.dp, pp, batch.ep)

@@ -531,3 +531,25 @@ def test_full_recompute_of_no_layer_exports_as_no_recompute(per_stage):
     assert nemo.recipe_overrides(plan)["model.config.recompute_granularity"] is None
     assert "--recompute" not in deepspeed.notes(plan)[0]
     assert torchtitan.sections(plan)["activation_checkpoint"] == {"mode": "none"}
+
+
+def test_the_searched_tp_comm_overlap_is_what_each_launcher_is_told():
+    """TP communication overlap is a search dimension: the plan records it and each exporter writes it in its own
+    knob (Megatron --tp-comm-overlap, torchtitan async TP, NeMo's comm-overlap callback) or refuses it (DeepSpeed),
+    and a search for DeepSpeed never picks it."""
+    from planner.export.spaces import plan_for_launcher
+
+    plan = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, tp_comm_overlap=True)
+    assert "--tp-comm-overlap" in megatron.arguments(plan)
+    assert torchtitan.sections(plan)["parallelism"]["enable_async_tensor_parallel"] is True
+    assert any("tp_comm_overlap=True" in n for n in nemo.notes(plan))
+    with pytest.raises(PlannerError, match="deepspeed cannot run this plan.*TP communication overlap"):
+        deepspeed.config(plan)
+    off = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, tp_comm_overlap=False)
+    assert "--tp-comm-overlap" not in megatron.arguments(off)
+    assert "enable_async_tensor_parallel" not in torchtitan.sections(off)["parallelism"]
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("h100-80gb-sxm")
+    best = plan_for_launcher(model, cluster, 64, 64, 4096, "megatron")
+    assert best.config.tp_comm_overlap == (best.config.tp > 1 and best.config.sequence_parallel)
+    ds = plan_for_launcher(model, cluster, 64, 64, 4096, "deepspeed")
+    assert not ds.config.tp_comm_overlap

@@ -64,26 +64,22 @@ def ring_link(cluster: Cluster, g: GroupPlacement) -> tuple[np.ndarray, np.ndarr
     return bw, np.where(g.spans_nodes, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
 
 
-def _ring_s(cluster: Cluster, g: GroupPlacement, msg_bytes, passes: int):
-    """``passes`` ring passes of (n-1)/n M over the group's ring link, each with n-1 latency steps; 0 for one
+def reduce_scatter_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
+    """Ring reduce-scatter (or all-gather) of a full M-byte buffer: (n-1)/n M / beta + (n-1) alpha; 0 for one
     member or an empty message."""
     n = g.size
     bw, lat = ring_link(cluster, g)
-    t = passes * ((n - 1) / n * msg_bytes / bw + (n - 1) * lat)
+    t = (n - 1) / n * msg_bytes / bw + (n - 1) * lat
     return np.where((n <= 1) | (np.asarray(msg_bytes) <= 0), 0.0, t)
 
 
-def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
-    """Ring all-reduce: 2 (n-1)/n M / beta + 2 (n-1) alpha (Thakur et al. 2005; formulas.md)."""
-    return _ring_s(cluster, g, msg_bytes, 2)
-
-
-def reduce_scatter_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
-    """Ring reduce-scatter (or all-gather) of a full M-byte buffer: (n-1)/n M / beta + (n-1) alpha."""
-    return _ring_s(cluster, g, msg_bytes, 1)
-
-
 all_gather_s = reduce_scatter_s
+
+
+def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
+    """Ring all-reduce, a reduce-scatter then an all-gather of the same buffer: 2 (n-1)/n M / beta + 2 (n-1) alpha
+    (Thakur et al. 2005; formulas.md)."""
+    return 2 * reduce_scatter_s(cluster, g, msg_bytes)
 
 
 def all_to_all_s(cluster: Cluster, g: GroupPlacement, msg_bytes):

@@ -224,10 +224,10 @@ def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard) -> 
     Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers).
     """
     zero_stage, dp_shard = np.asarray(zero_stage), np.asarray(dp_shard)
+    whole, shard = p.dense + p.expert, p.dense / dp_shard + p.expert / expert_dp_shard
 
     def sharded(min_stage: int):
-        on = zero_stage >= min_stage
-        return np.where(on, p.dense / dp_shard, p.dense) + np.where(on, p.expert / expert_dp_shard, p.expert)
+        return np.where(zero_stage >= min_stage, shard, whole)
 
     gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * WEIGHT_BYTES, 0.0)
     return {"weights": sharded(3) * WEIGHT_BYTES + gathered, "gradients": sharded(2) * GRAD_BYTES,

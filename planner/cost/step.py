@@ -24,12 +24,12 @@ from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
 from planner.errors import PlannerError
-from planner.specs.config import RunConfig, even_layer_split
+from planner.specs.config import ConfigBatch, RunConfig, even_layer_split
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "EndCost", "Estimate", "LayerCost", "StageEstimate", "end_costs", "estimate",
-           "layer_costs", "pipeline_send_s", "stage_layers"]
+__all__ = ["ADAM_BYTES_PER_PARAM", "BatchCosts", "EndCost", "Estimate", "LAYER_COSTS", "LayerCost", "StageEstimate", "end_costs",
+           "batch_costs", "estimate", "layer_costs", "pipeline_send_s", "stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -254,50 +254,100 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
     return np.where(np.asarray(pp) > 1, send, 0.0)
 
 
-def _per_layer_cache(fn):
-    """Memoize one configuration's layer costs (as floats) on the knobs they depend on, so the many
-    configurations a search evaluates that differ only in ZeRO stage, pipeline shape, schedule, batch or
-    recomputation depth share one evaluation.
+def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo) -> tuple:
+    """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
+    layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
+    placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
+    schedule, layer and recompute splits, DP options, the DP placement and the pipeline link -- none of which a
+    layer's kernels, activations or TP / CP / EP communication read."""
+    return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo))
 
-    The key: the model, the cluster and the layer fields of RunConfig (``config.LAYER_FIELDS``, with the recompute
-    mode reduced to "selective or not" and SP to "SP with TP"), which fix the TP / CP / EP group placements
-    (``comm.groups_for`` places them from the degrees and the cluster alone). Not in it:
-    GPU count, PP, VPP, global batch, ZeRO stage, schedule, layer and recompute splits, DP overlap options, the DP
-    placement and the pipeline link -- none of which a single layer's kernels, activations or TP / CP / EP
-    communication read. ``tests/test_cp.py`` checks cached == uncached.
-    """
-    cache: dict[tuple, LayerCost] = {}
 
-    def wrapper(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
-        key = (model, cluster, cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
-               cfg.sequence_parallel and cfg.tp > 1, cfg.recompute == "selective", cfg.flash_attention,
-               cfg.tp_comm_overlap, moe)
-        hit = cache.get(key)
+def _row(x, i: int):
+    """Entry i of a batch field (a field the batch does not vary may be a single number)."""
+    return x[i] if np.ndim(x) else x
+
+
+class LayerCostCache:
+    """Layer and end costs of single configurations (as floats), memoized per (model, cluster) on
+    :func:`_layer_key`, so the many configurations a search evaluates that differ only in ZeRO stage, pipeline
+    shape, schedule, batch or recomputation depth share one evaluation.
+
+    Filled by ``estimate()`` (the batch of one through :func:`layer_costs` / :func:`end_costs`), or by the search
+    (:meth:`seed`) from the batch of all its layer keys, computed once by the same functions over arrays.
+    ``tests/test_cp.py`` checks cached == seeded == uncached."""
+
+    #: entries kept per (model, cluster) before the cache starts over (a few MB)
+    max_entries = 65536
+
+    def __init__(self) -> None:
+        self.values: dict[tuple, dict[tuple, object]] = {}
+
+    def clear(self) -> None:
+        self.values.clear()
+
+    def _get(self, model: ModelSpec, cluster: Cluster, key: tuple, compute):
+        values = self.values.setdefault((model, cluster), {})
+        hit = values.get(key)
         if hit is None:
-            if len(cache) >= LAYER_CACHE_SIZE:
-                cache.clear()
-            hit = cache[key] = fn(model, cluster, cfg, groups, moe)
+            hit = compute()
+            if len(values) >= self.max_entries:
+                values.clear()
+            values[key] = hit
         return hit
 
-    wrapper.__wrapped__ = fn
-    wrapper.cache_clear = cache.clear
-    return wrapper
+    @staticmethod
+    def _key(cfg: RunConfig) -> tuple:
+        return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
+                          cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap)
+
+    def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
+        return self._get(model, cluster, self._key(cfg) + (moe,),
+                         lambda: _floats(layer_costs(model, cluster, cfg, groups, moe)))
+
+    def end(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups) -> EndCost:
+        return self._get(model, cluster, self._key(cfg) + ("end",),
+                         lambda: _floats(end_costs(model, cluster, cfg, groups)))
+
+    def seed(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, costs: "BatchCosts", i: int) -> None:
+        """Enter row ``i`` of a batch's costs (:func:`batch_costs`) as configuration ``cfg``'s, whose layer key
+        must be that row's: the search computes its layer keys' costs in one batch and seeds the rows it
+        evaluates exactly."""
+        values = self.values.setdefault((model, cluster), {})
+        key = self._key(cfg)
+        for tag, arrays in ((False, costs.dense), (True, costs.moe), ("end", costs.ends)):
+            if arrays is not None and key + (tag,) not in values:
+                if len(values) >= self.max_entries:
+                    values.clear()
+                values[key + (tag,)] = type(arrays)(**{f.name: float(_row(getattr(arrays, f.name), i))
+                                                       for f in fields(arrays)})
 
 
-#: layer costs kept by :func:`_per_layer_cache` before it starts over (a few MB)
-LAYER_CACHE_SIZE = 65536
+@dataclass(frozen=True)
+class BatchCosts:
+    """Layer costs of a dense and (MoE models) a MoE layer, and the end costs, of every configuration of a batch."""
+
+    dense: LayerCost
+    moe: LayerCost | None
+    ends: EndCost
 
 
-@_per_layer_cache
+def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> BatchCosts:
+    """:func:`layer_costs` and :func:`end_costs` of a batch in one pass, its groups placed by
+    ``comm.groups_for``."""
+    groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep)
+    return BatchCosts(dense=layer_costs(model, cluster, batch, groups, moe=False),
+                      moe=layer_costs(model, cluster, batch, groups, moe=True) if model.is_moe else None,
+                      ends=end_costs(model, cluster, batch, groups))
+
+
+#: the cost model's memo of single configurations' layer costs (filled by estimate() and the search)
+LAYER_COSTS = LayerCostCache()
+
+
 def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
-    """:func:`layer_costs` of one configuration, as floats."""
-    return _floats(layer_costs(model, cluster, cfg, groups, moe))
-
-
-@_per_layer_cache
-def _end_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> EndCost:
-    """:func:`end_costs` of one configuration, as floats (they read only a layer's knobs too; ``moe`` unused)."""
-    return _floats(end_costs(model, cluster, cfg, groups))
+    """:func:`layer_costs` of one configuration, as floats (memoized in :data:`LAYER_COSTS`)."""
+    return LAYER_COSTS.layer(model, cluster, cfg, groups, moe)
 
 
 def stage_layers(model: ModelSpec, cfg: RunConfig) -> tuple[int, ...]:
@@ -331,11 +381,11 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     groups = _groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep)
     dense = _layer_cost(model, cluster, cfg, groups, moe=False)
     moe = _layer_cost(model, cluster, cfg, groups, moe=True) if model.is_moe else dense
-    ends = _end_cost(model, cluster, cfg, groups, False)
+    ends = LAYER_COSTS.end(model, cluster, cfg, groups)
     layers = stage_layers(model, cfg)
     starts = [sum(layers[:j]) for j in range(len(layers))]
     sched = get_schedule(cfg.schedule)
-    p2p_one = float(pipeline_send_s(model, cluster, cfg, groups, p))
+    p2p_one = float(pipeline_send_s(model, cluster, cfg, groups, p)) if p > 1 else 0.0
     head_tp = ends.head_tp_s
     dp_shard = dp * cfg.cp
     expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep))

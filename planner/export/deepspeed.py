@@ -37,6 +37,10 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if cfg.cp > 1 and cfg.cp_kind != "ulysses":
         raise unsupported(LAUNCHER, f"{cfg.cp_kind} context parallelism (DeepSpeed sequence parallelism is "
                                     "Ulysses all-to-all)", "plan with cp_kind ulysses or export to megatron")
+    if cfg.tp_comm_overlap and cfg.tp > 1:
+        raise unsupported(LAUNCHER, "TP communication overlap (Megatron-Core's --tp-comm-overlap; Megatron-DeepSpeed "
+                                    "has no such option)", "plan for deepspeed (--emit deepspeed), or export to "
+                                                           "megatron / nemo / torchtitan")
     zero: dict[str, Any] = {"stage": cfg.zero_stage}
     if cfg.zero_stage >= 1:
         zero["overlap_comm"] = cfg.overlap_grad_reduce

@@ -35,8 +35,10 @@ def launcher_spaces(target: str, option: str = "--launcher") -> list[Any]:
         schedules = tuple(s for s in base.schedules if torchtitan.SCHEDULE_NAMES.get(s))
         return [replace(base, schedules=schedules, cp_kinds=tuple(k for k in base.cp_kinds if k in
                                                                   torchtitan.CP_ROTATE))]
-    # deepspeed: the pipeline engine runs 1F1B with ZeRO-0/1; ZeRO-2/3 without pipeline stages; Ulysses CP
+    # deepspeed: the pipeline engine runs 1F1B with ZeRO-0/1; ZeRO-2/3 without pipeline stages; Ulysses CP; no TP
+    # communication overlap
     cp_kinds = tuple(k for k in base.cp_kinds if k == "ulysses")
+    base = replace(base, tp_comm_overlap=(False,))
     return [replace(base, schedules=("1f1b",), zero_stages=tuple(z for z in base.zero_stages if z <= 1),
                     cp_kinds=cp_kinds),
             replace(base, max_pp=1, cp_kinds=cp_kinds)]

@@ -44,7 +44,7 @@ from planner.cost.data_parallel import dp_collectives, dp_exposed_s, dp_groups, 
 from planner.cost.memory import (StageParams, embedding_params, gathered_layer_params, head_params,
                                  layer_params_on_gpu, model_state_bytes)
 from planner.cost.schedule import SCHEDULES
-from planner.cost.step import LayerCost, end_costs, layer_costs, pipeline_send_s
+from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
 from planner.search.space import REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
 from planner.specs.config import CP_KINDS, ConfigBatch, even_layer_split
 from planner.specs.hardware import Cluster
@@ -151,6 +151,9 @@ class GroupTables:
     layer_s: np.ndarray  # (groups, 6): one dense layer's F, B, W and one MoE layer's F, B, W (incl. exposed comm)
     ends_s: np.ndarray  # (groups, 5): embedding F, embedding W (its backward), LM head F, B, W
     p2p_s: np.ndarray  # one pipeline send (0 without PP)
+    layer_keys: np.ndarray  # the distinct layer keys (columns LAYER_KEY) the per-key tables are indexed by
+    layer_key: np.ndarray  # per group, its row of layer_keys
+    layer_costs: BatchCosts  # the cost model's costs of the layer keys (selective recompute), one batch
 
 
 #: the group columns one layer's costs depend on (``config.LAYER_FIELDS`` as the space varies them; the recompute
@@ -163,8 +166,10 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     pp, vpp, ep = space.col("pp"), space.col("vpp"), space.col("ep")
     n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
-    uniq, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
-    tab, sends = _layer_tables(model, cluster, space.seq_len, uniq)
+    uniq_layers, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
+    keys = layer_key_batch(uniq_layers, space.seq_len)
+    costs = batch_costs(model, cluster, keys)
+    tab, sends = _layer_tables(model, cluster, keys, costs)
     t_ = {k: PerKey(v, layer_key) for k, v in tab.items()}
     # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
     # send each per micro-batch (step.estimate folds them into F and B), over the NIC once the pipeline spans nodes
@@ -178,13 +183,21 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     L = model.num_layers
     uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
     factor = np.empty(len(uniq))
+    for si, name in enumerate(space.schedules):  # p equal ranks of unit time, each corner split of F / B / W
+        mine = uniq[:, 0] == si
+        if not mine.any():
+            continue
+        p_u, m_u, v_u = uniq[mine, 1], uniq[mine, 2], uniq[mine, 3]
+        unit = (np.arange(p_u.max())[None, :] < p_u[:, None]).astype(float)
+        none = np.zeros_like(unit)
+        time = SCHEDULES[name].time
+        factor[mine] = np.minimum(np.minimum(time(unit, none, none, m_u, v_u).total_s,
+                                             time(none, unit, none, m_u, v_u).total_s),
+                                  time(none, none, unit, m_u, v_u).total_s)
     n_picks = RANK_PICKS + (MOE_RANK_PICKS if n_moe else 0)
     picks = {k: np.zeros((len(uniq), n_picks)) for k in ("n", "nm", "emb", "head", "infl")}
     for u, (si, p, m, v) in enumerate(uniq.tolist()):
         sched = SCHEDULES[space.schedules[si]]
-        ones, zeros = [1.0] * p, [0.0] * p
-        factor[u] = min(sched.time(ones, zeros, zeros, m, v).total_s, sched.time(zeros, ones, zeros, m, v).total_s,
-                        sched.time(zeros, zeros, ones, m, v).total_s)
         nd, nm, _, emb, head = _rank_layout(space.schedules[si], L, p, v, n_dense)
         infl = [sched.inflight(p, m, v, r) for r in range(p)]
         n = [a + b for a, b in zip(nd, nm)]
@@ -224,7 +237,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
         layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
-                      layer_key), p2p_s=p2p)
+                      layer_key), p2p_s=p2p, layer_keys=uniq_layers, layer_key=layer_key, layer_costs=costs)
 
 
 #: per-key quantities of ``_layer_tables``
@@ -233,29 +246,26 @@ _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none",
                 "act_none_d", "act_none_m", "act_sel_d", "act_sel_m", "head_act")
 
 
-def layer_key_batch(uniq: np.ndarray, seq_len: int) -> ConfigBatch:
-    """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``), selective recompute."""
+def layer_key_batch(uniq: np.ndarray, seq_len: int, recompute: str = "selective") -> ConfigBatch:
+    """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``) under one recompute
+    mode."""
     t, c, k, b, s, e, tpo, fa = uniq.T
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
-                                    seq_len=seq_len, sequence_parallel=s.astype(bool), recompute="selective",
+                                    seq_len=seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool))
 
 
-def _layer_tables(model: ModelSpec, cluster: Cluster, seq_len: int,
-                  uniq: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """Per distinct layer key (rows of ``uniq``) the whole model's per-micro-batch forward / backward /
-    weight-gradient time and recomputation extras, one dense and one MoE layer's F / B / W, the embedding and LM
-    head times and the per-layer activation bytes, composed as ``step.estimate`` composes them from
-    ``step.layer_costs`` and ``step.end_costs`` (the same functions, over the batch of keys); and one pipeline
-    send (``step.pipeline_send_s``) inside a node and across nodes."""
-    batch = layer_key_batch(uniq, seq_len)
+def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
+                  costs: BatchCosts) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Per distinct layer key (the configurations of ``batch``, their costs ``costs`` from ``step.batch_costs``)
+    the whole model's per-micro-batch forward / backward / weight-gradient time and recomputation extras, one dense
+    and one MoE layer's F / B / W, the embedding and LM head times and the per-layer activation bytes, composed as
+    ``step.estimate`` composes them; and one pipeline send (``step.pipeline_send_s``) inside a node and across
+    nodes."""
     groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep)
-    dense = layer_costs(model, cluster, batch, groups, moe=False)
-    moe = layer_costs(model, cluster, batch, groups, moe=True) if model.num_moe_layers else None
-    ends = end_costs(model, cluster, batch, groups)
     sends = tuple(np.broadcast_to(pipeline_send_s(model, cluster, batch, replace(groups, pp_spans_nodes=spans), 2),
                                   (len(batch),)) for spans in (False, True))
-    return _compose_tables(model, dense, moe, ends, len(batch)), sends
+    return _compose_tables(model, costs.dense, costs.moe, costs.ends, len(batch)), sends
 
 
 def _compose_tables(model: ModelSpec, dense: LayerCost, moe: LayerCost | None, ends, n: int) -> dict[str, np.ndarray]:

@@ -35,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from planner.cost.step import Estimate, estimate
+from planner.cost.step import LAYER_COSTS, Estimate, batch_costs, estimate
 from planner.cost.validity import config_problems
 from planner.errors import InfeasibleError, PlannerError
 from planner.search.bounds import (floored_group_bound, group_floors, group_memory_bound, group_tables,
-                                   group_time_bound, refined_group_bounds, row_memory_bound, row_time_bound)
+                                   group_time_bound, layer_key_batch, refined_group_bounds, row_memory_bound,
+                                   row_time_bound)
 from planner.search.partition import partition
 from planner.search.space import SearchSpace, Space, build_space, divisors
 from planner.specs.config import RunConfig
@@ -195,6 +196,9 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
     if not len(sp.groups):
         return kept, stats
     tables = group_tables(model, cluster, sp)
+    # the exact evaluations below take their layer costs from one batch evaluation of the space's layer keys (the
+    # bounds' own for selective recomputation; the other mode's when a row first needs it)
+    key_costs = {"selective": tables.layer_costs}
     per_group = sp.rows_per_group()
     by_time = objective == "time"
     if by_time:
@@ -279,6 +283,10 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
         if config_problems(model, cluster, cfg):
             stats["invalid"] += 1
             continue
+        mode = "selective" if cfg.recompute == "selective" else "none"
+        if mode not in key_costs:
+            key_costs[mode] = batch_costs(model, cluster, layer_key_batch(tables.layer_keys, sp.seq_len, mode))
+        LAYER_COSTS.seed(model, cluster, cfg, key_costs[mode], int(tables.layer_key[g]))
         est = estimate(model, cluster, cfg, check=False)
         stats["exact_evaluations"] += 1
         if est.step_time_s < tb_i * (1 - BOUND_RTOL) or est.peak_memory_bytes < mem_i * (1 - BOUND_RTOL):

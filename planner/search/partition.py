@@ -127,15 +127,16 @@ def _rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompu
     return _Rates(f0, b0, w0, mem0, jump, dense, moe)
 
 
-def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, recompute: bool):
-    """Per rank r, stage start a (layers before it) and layer count n: the least recomputation K that fits in
-    memory and the rank's time t = F + B + W per micro-batch (an array [r, a, n], inf where nothing fits), and a
-    function giving (F, B, W, K) at one (r, a, n). The layers of a stage starting at a
+def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, recompute: bool,
+                counts: np.ndarray | None = None):
+    """Per rank r, stage start a (layers before it) and layer count n (those of ``counts``, default 0..L): the least
+    recomputation K that fits in memory and the rank's time t = F + B + W per micro-batch (an array [r, a, n], inf
+    where nothing fits), and a function giving (F, B, W, K) at one (r, a, n). The layers of a stage starting at a
     are dense below ``first_k_dense_layers``, MoE above; step.py recomputes a stage's dense layers first. With
     virtual stages a rank's chunks are not contiguous, so its layers count as the model's majority type."""
     p, L = cfg.pp, model.num_layers
     a = np.arange(L + 1, dtype=float)[:, None]
-    n = np.arange(L + 1, dtype=float)[None, :]
+    n = (np.arange(L + 1) if counts is None else np.asarray(counts)).astype(float)[None, :]
     # dense layers of a stage of n layers starting at a: independent of a (one row, broadcast over a) unless a MoE
     # model's leading dense layers fall in it
     if not model.is_moe:
@@ -176,12 +177,12 @@ def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, r
 
     f, b, w = f_b_w(np.arange(p)[:, None, None], nd, nm, kd, km)
     t = np.where(ok, f + b + w, math.inf)
-    shape = (p, L + 1, L + 1)
+    shape = t.shape
     nd_full, nm_full = np.broadcast_to(nd, shape), np.broadcast_to(nm, shape)
     kd_full, km_full = np.broadcast_to(kd, shape), np.broadcast_to(km, shape)
 
     def at(r: int, start: int, count: int) -> tuple[float, float, float, int]:
-        """(F, B, W, recomputed layers) of rank r holding ``count`` layers from ``start``."""
+        """(F, B, W, recomputed layers) of rank r holding ``count`` layers from ``start`` (count indexes counts)."""
         x = (r, start, count)
         fx, bx, wx = f_b_w(r, nd_full[x], nm_full[x], kd_full[x], km_full[x])
         return float(fx), float(bx), float(wx), int(kd_full[x] + km_full[x])
@@ -198,19 +199,26 @@ def _shift_tables(layers: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _by_end(t: np.ndarray, layers: int, min_per_rank: int) -> np.ndarray:
-    """Re-index rank costs [r, start a, count n] as [r, end l = a + n, n] for the DP (inf where n > l or n is
-    below the minimum)."""
+    """Re-index rank costs [r, start a, count n] (counts 0..N) as [r, end l = a + n, n] for the DP (inf where
+    n > l or n is below the minimum)."""
     gather, valid = _shift_tables(layers)
-    out = t[:, gather, np.arange(layers + 1)[None, :]]
-    out[:, ~valid] = math.inf
+    counts = t.shape[2]
+    out = t[:, gather[:, :counts], np.arange(counts)[None, :]]
+    out[:, ~valid[:, :counts]] = math.inf
     out[:, :, :min_per_rank] = math.inf
     return out
 
 
+@lru_cache(maxsize=64)
+def _prev_index(layers: int) -> np.ndarray:
+    """For every (end l, count n): l - n, or the index just past the DP's states (an inf sentinel) where n > l."""
+    gather, valid = _shift_tables(layers)
+    return np.where(valid, gather, layers + 1)
+
+
 def _gather_prev(best: np.ndarray, layers: int, counts: int) -> np.ndarray:
     """best[l - n] for every end l and count n < ``counts``, inf where n > l (through an inf sentinel)."""
-    gather, valid = _shift_tables(layers)
-    return np.append(best, math.inf)[np.where(valid, gather, layers + 1)[:, :counts]]
+    return np.append(best, math.inf)[_prev_index(layers)[:, :counts]]
 
 
 def _max_count(te: np.ndarray, cap: float) -> int:
@@ -224,7 +232,7 @@ def _min_max_time(te: np.ndarray, layers: int) -> float:
     best = np.full(layers + 1, math.inf)
     best[0] = 0.0
     for r in range(te.shape[0]):
-        best = np.min(np.maximum(_gather_prev(best, layers, layers + 1), te[r]), axis=1)
+        best = np.min(np.maximum(_gather_prev(best, layers, te.shape[2]), te[r]), axis=1)
     return float(best[layers])
 
 
@@ -275,33 +283,59 @@ def _spread(cfg: RunConfig, per_rank_n: list[int], per_rank_k: list[int]) -> tup
     return tuple(layers), tuple(recomp)
 
 
-def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool,
-               limit: float) -> RunConfig | None:
-    m, L = cfg.num_microbatches, model.num_layers
-    rates = _rates(model, cluster, cfg, per_stage_recompute)
-    min_per_rank = MIN_LAYERS_PER_STAGE * cfg.vpp
-    t, at = _rank_costs(model, cfg, rates, limit, per_stage_recompute)
-    te = _by_end(t, L, min_per_rank)
-    sched = get_schedule(cfg.schedule)
+def _walk_caps(te: np.ndarray, at, sched, m: int, v: int, layers: int):
+    """The split of least schedule time: from the least feasible bottleneck time (min-max DP) up through the
+    candidate caps while m * cap can still beat the best time found. Returns the best (split, recomputed layers)
+    or None, and the largest cap the walk looked at (inf where it ran out of caps, so a longer list could have
+    changed it)."""
     caps = np.unique(te[np.isfinite(te)])
-    best_cfg, best_time = None, math.inf
-    # the smallest feasible cap (min-max DP), then walk up while m * cap can still beat the best schedule time
-    lowest = _min_max_time(te, L)
+    lowest = _min_max_time(te, layers)
     if not math.isfinite(lowest):
-        return None
+        return None, math.inf
+    best_cfg, best_time = None, math.inf
     first = int(np.searchsorted(caps, lowest))
+    reached = math.inf
     for i in range(first, min(len(caps), first + MAX_CAPS)):
+        reached = caps[i]
         if m * caps[i] >= best_time:
             break
-        split = _min_sum_split(te, caps[i], L)
+        split = _min_sum_split(te, caps[i], layers)
         if split is None:
             continue
         starts = [sum(split[:r]) for r in range(len(split))]
         costs = [at(r, a, n) for r, (a, n) in enumerate(zip(starts, split))]
         total = float(sched.time([c[0] for c in costs], [c[1] for c in costs], [c[2] for c in costs], m,
-                                 cfg.vpp).total_s)
+                                 v).total_s)
         if total < best_time:
             best_time, best_cfg = total, (split, [c[3] for c in costs])
+    else:
+        if first + MAX_CAPS > len(caps):  # ran out of caps: a longer list could have continued the walk
+            reached = math.inf
+    return best_cfg, reached
+
+
+def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool,
+               limit: float) -> RunConfig | None:
+    """The DP's split (and per-stage recomputation) for ``cfg``'s pipeline. Stage lengths are first limited to a
+    few times the even share (a rank's time grows with its layers, so long stages only matter to caps above the
+    shortest excluded stage's time); where the walk reached such a cap, the limit doubles, up to all layers, so
+    the result is the unrestricted DP's."""
+    m, L = cfg.num_microbatches, model.num_layers
+    rates = _rates(model, cluster, cfg, per_stage_recompute)
+    min_per_rank = MIN_LAYERS_PER_STAGE * cfg.vpp
+    sched = get_schedule(cfg.schedule)
+    increasing = all(np.all(np.asarray(x) >= 0) for r in (rates.dense, rates.moe)
+                     for x in (r.fn, r.bn, r.wn, r.fk, r.bk, r.memn))
+    max_count = min(L, 2 * -(-L // cfg.pp) + 2) if increasing else L
+    while True:
+        t, at = _rank_costs(model, cfg, rates, limit, per_stage_recompute, np.arange(max_count + 1))
+        best_cfg, reached = _walk_caps(_by_end(t, L, min_per_rank), at, sched, m, cfg.vpp, L)
+        if max_count >= L:
+            break
+        longer, _ = _rank_costs(model, cfg, rates, limit, per_stage_recompute, np.array([max_count + 1]))
+        if reached < longer.min():  # no cap the walk looked at admits a longer stage: the restriction was exact
+            break
+        max_count = min(L, 2 * max_count)
     if best_cfg is None:
         return None
     split, ks = best_cfg

@@ -149,8 +149,9 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     within = np.arange(len(rows)) - np.repeat(np.cumsum(reps) - reps, reps)
     tail = flat_tails[np.repeat(offset[head[:, 7]], reps) + within]
     # GROUP_COLS order: tp, cp, cp_kind, pp, ep, mb, sched, vpp, sp, then the options
-    return np.column_stack([rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], tail[:, 0], rows[:, 4], rows[:, 5],
-                            rows[:, 6], tail[:, 1:]])
+    out = np.empty((len(rows), len(GROUP_COLS)), dtype=np.int64, order="F")  # columns contiguous: col() is read most
+    out[:, :4], out[:, 4], out[:, 5:8], out[:, 8:] = rows[:, :4], tail[:, 0], rows[:, 4:7], tail[:, 1:]
+    return out
 
 
 @dataclass(frozen=True)
