@@ -202,6 +202,15 @@ def layer_params_on_gpu(model: ModelSpec, tp, ep, moe: bool):
     return dense, experts / (np.asarray(ep) * tp)
 
 
+def end_params_on_gpu(model: ModelSpec, seq_len: int, tp, num_stages):
+    """(embedding, LM head) parameters on one GPU of the first / last pipeline stage, split by TP (Megatron's
+    vocab-parallel embedding and output layer); with tied embeddings and more than one stage the last stage keeps
+    its own copy of the embedding matrix for the LM head (Megatron's shared word embeddings)."""
+    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
+    head = head_params(model) + np.where(np.asarray(num_stages) > 1, tied_copy, 0)
+    return embedding_params(model, seq_len) / np.asarray(tp), head / np.asarray(tp)
+
+
 def gathered_layer_params(model: ModelSpec, tp, ep, moe: bool):
     """Parameters ZeRO-3 gathers for one layer on one GPU: the whole layer after TP (and EP for the experts)."""
     experts = expert_params_per_layer(model) if moe else 0

@@ -17,8 +17,8 @@ from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding
 from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups,
                                         expert_dp_degree, optimizer_step_s)
-from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes, embedding_params,
-                                 gathered_layer_params, head_activation_bytes, head_params, layer_params_on_gpu,
+from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
+                                 end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes)
 from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
@@ -392,6 +392,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     per_layer_params = {is_moe: tuple(float(x) for x in layer_params_on_gpu(model, cfg.tp, cfg.ep, is_moe))
                         for is_moe in ((False, True) if model.is_moe else (False,))}
     gathered = {is_moe: float(gathered_layer_params(model, cfg.tp, cfg.ep, is_moe)) for is_moe in per_layer_params}
+    emb_params, head_params_gpu = (float(x) for x in end_params_on_gpu(model, cfg.seq_len, cfg.tp, cfg.num_stages))
 
     stage_rows: list[dict] = []
     extra_rows: list[tuple[float, float, float]] = []
@@ -445,7 +446,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                 fwd += ends.emb_fwd_s
                 bwd_w += ends.emb_bwd_s
                 comp += ends.emb_fwd_s + ends.emb_bwd_s
-                dense_params += embedding_params(model, cfg.seq_len) / cfg.tp
+                dense_params += emb_params
                 act_per_mb += ends.act_emb_bytes
             if j == cfg.num_stages - 1:
                 fwd += ends.head_fwd_s + head_tp
@@ -453,10 +454,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                 bwd_w += ends.head_bwd_weight_s
                 comp += ends.head_fwd_s + (ends.head_bwd_input_s + ends.head_bwd_weight_s)
                 tpc += 2 * head_tp
-                hp = head_params(model)
-                if model.tied_embeddings and cfg.num_stages > 1:
-                    hp += model.vocab_size * model.hidden_size  # the tied copy lives on the last stage too
-                dense_params += hp / cfg.tp
+                dense_params += head_params_gpu
                 workspace = max(workspace, ends.head_act_bytes)
         stage_rows.append(dict(
             rank=r, layers=tuple(chunk_layers), fwd_s=fwd, bwd_s=bwd_in + bwd_w, bwd_weight_s=bwd_w,

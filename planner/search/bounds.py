@@ -41,8 +41,8 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.data_parallel import dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree, optimizer_step_s
-from planner.cost.memory import (StageParams, embedding_params, gathered_layer_params, head_params,
-                                 layer_params_on_gpu, model_state_bytes)
+from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, layer_params_on_gpu,
+                                 model_state_bytes)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
 from planner.search.space import REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
@@ -216,8 +216,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         moe_dense, expert_pl = layer_params_on_gpu(model, tp, ep, moe=True)
         largest_m = gathered_layer_params(model, tp, ep, moe=True)
     stages = pp * vpp
-    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
-    head_p = (head_params(model) + np.where(stages > 1, tied_copy, 0)) / tp
+    emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages)
     dp_shard = space.dp * cp
     return GroupTables(
         fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],
@@ -232,7 +231,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
                                                                       axis=1),
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
-        embedding_params=embedding_params(model, space.seq_len) / tp, head_params=head_p,
+        embedding_params=emb_p, head_params=head_p,
         dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep), dense_layers=n_dense,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
         layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
