@@ -76,13 +76,16 @@ def _resolve(model: Any, cluster: Any):
 
 
 def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,
-                   launcher: str | None = None, **kw):
-    """The full search, or with ``launcher`` the best plan that launcher can run."""
+                   launcher: str | None = None, precision: str = "bf16", **kw):
+    """The full search, or with ``launcher`` the best plan that launcher can run, at GEMM ``precision``."""
     if launcher is not None:
         from planner.export import plan_for_launcher
-        return plan_for_launcher(model, cluster, num_gpus, global_batch_size, seq_len, launcher, **kw)
+        return plan_for_launcher(model, cluster, num_gpus, global_batch_size, seq_len, launcher, precision=precision,
+                                 **kw)
     from planner.search import search_plans
-    return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, **kw)
+    from planner.search.space import SearchSpace
+    return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, space=SearchSpace(precision=precision),
+                        **kw)
 
 
 def plan_row(plan: Any) -> dict[str, Any]:
@@ -127,7 +130,7 @@ def scenarios(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, se
 
 def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 0,
           objective: str = "time", max_memory_gib: float | None = None, launcher: str | None = None,
-          processes: int | None = None, progress: bool | Callable[[int, int], None] = False,
+          precision: str = "bf16", processes: int | None = None, progress: bool | Callable[[int, int], None] = False,
           search: Callable[..., Any] | None = None) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
@@ -147,7 +150,16 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     from planner.search.engine import check_search_options
 
     check_search_options(objective, top_k, max_memory_gib)  # a bad option fails once, not in every row
+    from planner.specs.config import PRECISIONS
+    if precision not in PRECISIONS:
+        raise PlannerError(f"unknown precision '{precision}'", source="precision",
+                           fix=f"use one of: {', '.join(PRECISIONS)}")
     search_kw: dict[str, Any] = {"top_k": top_k, "objective": objective}
+    if precision != "bf16":
+        if search is not None:
+            raise PlannerError("precision sets the default search's space; a custom search must do it itself",
+                               source="precision")
+        search_kw["precision"] = precision
     if max_memory_gib is not None:
         search_kw["max_memory_gib"] = max_memory_gib
     if launcher is not None:

@@ -38,7 +38,8 @@ MEGATRON_FLAGS = {
     "--kv-channels", "--max-position-embeddings", "--untie-embeddings-and-output-weights", "--swiglu",
     "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-    "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16",
+    "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16", "--fp16",
+    "--fp8-format", "--fp8-recipe",
 }
 TORCHTITAN_KEYS = {
     "training": {"local_batch_size", "global_batch_size", "seq_len"},

@@ -10,7 +10,23 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict
-from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, RunConfig
+from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, RunConfig
+
+#: --grad-reduce-dtype values and the bytes per element they mean
+GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
+
+
+def parse_layers_per_stage(text: str) -> tuple[int, ...]:
+    """``--layers-per-stage 7,8,8,7`` as a tuple of non-negative integers (the count is checked against pp*vpp by
+    the validity rules)."""
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise PlannerError(f"must be comma-separated whole numbers, got '{text}'", source="--layers-per-stage",
+                           fix="e.g. --layers-per-stage 7,8,8,7 (pp*vpp entries in model order)")
+    if any(c < 0 for c in counts):
+        raise PlannerError(f"layer counts must be >= 0, got '{text}'", source="--layers-per-stage")
+    return counts
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
@@ -34,6 +50,22 @@ def estimate(
     sequence_parallel: bool = typer.Option(True, "--sequence-parallel/--no-sequence-parallel"),
     zero: int = typer.Option(1, "--zero", help="ZeRO stage 0 | 1 | 2 | 3"),
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule (see `planner list schedules`)"),
+    precision: str = typer.Option("bf16", "--precision",
+                                  help="GEMM precision of the linear layers: bf16 | fp16 | fp8 | mxfp8 (fp8 needs "
+                                       "Hopper/Ada/MI300 or newer, mxfp8 Blackwell)"),
+    layers_per_stage: str = typer.Option(None, "--layers-per-stage",
+                                         help="Layers of each of the pp*vpp stages in model order, e.g. 7,8,...,8,7 "
+                                              "(default: as even as possible)"),
+    flash_attention: bool = typer.Option(True, "--flash-attention/--no-flash-attention",
+                                         help="Fused attention kernel (2021-22 Megatron ran without)"),
+    overlap_grad_reduce: bool = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+                                             help="Overlap the DP gradient reduction with backward"),
+    overlap_param_gather: bool = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
+                                              help="Overlap the ZeRO parameter all-gather with forward"),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap",
+                                         help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap; needs SP)"),
+    grad_reduce_dtype: str = typer.Option("bf16", "--grad-reduce-dtype",
+                                          help="Dtype of the DP gradient reduction: bf16 | fp32"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
 ) -> None:
     """Estimate step time, throughput, MFU and per-stage memory of one configuration (DP = gpus / (tp*pp*cp))."""
@@ -46,11 +78,17 @@ def estimate(
                         ("--global-batch", global_batch), ("--micro-batch", micro_batch), ("--seq-len", seq_len)):
         if value < 1:
             raise PlannerError(f"must be >= 1, got {value}", source=name)
+    choice(precision, PRECISIONS, "--precision")
+    choice(grad_reduce_dtype, tuple(GRAD_REDUCE_DTYPES), "--grad-reduce-dtype")
+    split = parse_layers_per_stage(layers_per_stage) if layers_per_stage is not None else None
     spec = load_model(model)
     hw = load_cluster(cluster)
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
-                    sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule)
+                    sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
+                    precision=precision, layers_per_stage=split, flash_attention=flash_attention,
+                    overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                    tp_comm_overlap=tp_comm_overlap, grad_reduce_bytes=GRAD_REDUCE_DTYPES[grad_reduce_dtype])
     est = estimate_config(spec, hw, cfg)
     if json_out:
         typer.echo(dumps(plan_dict(spec, hw.name, cfg, est)), nl=False)

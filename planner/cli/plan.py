@@ -8,10 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli.app import app, console, handle_errors
+from planner.cli.app import app, choice, console, handle_errors
 from planner.cli.render import print_estimate
 from planner.errors import PlannerError
 from planner.plan import Plan, search_plans
+from planner.specs.config import PRECISIONS
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
@@ -112,6 +113,8 @@ def plan(
     emit: str = typer.Option(None, "--emit", help="Also write a launcher config: megatron | torchtitan | deepspeed | "
                                                   "nemo (the search then covers only what it runs)"),
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
+    precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
+                                                              "fp8 | mxfp8 (the run's choice, not searched)"),
 ) -> None:
     """Find the fastest (or smallest) configuration: every valid TP, PP, DP, CP, EP, virtual stages, micro-batch,
     schedule, recomputation, SP and ZeRO stage, searched exhaustively with provable pruning."""
@@ -121,16 +124,21 @@ def plan(
     if emit is not None and json_out and out is None:
         raise PlannerError("--json and --emit would both print to stdout", source="--emit",
                            fix="give --out FILE for the launcher config")
+    choice(precision, PRECISIONS, "--precision")
     spec = load_model(model)
     hw = load_cluster(cluster)
     if emit is not None:  # search only what the launcher can run, so that the export cannot be refused
         from planner.export import plan_for_launcher
 
         result = plan_for_launcher(spec, hw, gpus, global_batch, seq_len, emit, top_k=top, objective=objective,
-                                   max_memory_gib=max_memory_gib, refine_partition=not no_partition, option="--emit")
+                                   max_memory_gib=max_memory_gib, refine_partition=not no_partition, option="--emit",
+                                   precision=precision)
     else:
+        from planner.search.space import SearchSpace
+
         result = search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
-                              max_memory_gib=max_memory_gib, refine_partition=not no_partition)
+                              max_memory_gib=max_memory_gib, refine_partition=not no_partition,
+                              space=SearchSpace(precision=precision))
     if emit is not None:
         from planner.cli.export import write_export
 

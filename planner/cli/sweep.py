@@ -67,6 +67,7 @@ def sweep(
     max_memory_gib: float = typer.Option(None, "--max-memory-gib", help="Memory cap per GPU in GiB"),
     launcher: str = typer.Option(None, "--launcher", help="Only plans this launcher runs: megatron | torchtitan | "
                                                           "deepspeed | nemo"),
+    precision: str = typer.Option("bf16", "--precision", help="GEMM precision: bf16 | fp16 | fp8 | mxfp8"),
     jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
     csv: Path = typer.Option(None, "--csv", help="Write every row to this CSV file"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table (with --csv)"),
@@ -95,7 +96,7 @@ def sweep(
     with progress:
         task = progress.add_task("sweep", total=total)
         df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
-                       max_memory_gib=max_memory_gib, launcher=launcher, processes=jobs,
+                       max_memory_gib=max_memory_gib, launcher=launcher, precision=precision, processes=jobs,
                        progress=lambda done, _total: progress.update(task, completed=done))
     if csv is not None:
         try:

@@ -50,6 +50,7 @@ class Op:
     weight_grad_fraction: float = 0.5
     recomputed_by_selective: bool = False  # selective recompute redoes this op in backward
     gemm_flops: float | np.ndarray = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
+    precision: str | np.ndarray = "bf16"  # tensor-core precision of a GEMM (config.PRECISIONS)
 
 
 def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
@@ -57,6 +58,22 @@ def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
     over HBM at least once (the roofline's memory side, which bounds thin GEMMs such as per-head attention)."""
     return Op(name, "gemm", flops=2.0 * m * k * n * batch, hbm_bytes=ACT_BYTES * (m * k + k * n + m * n) * batch,
               gemm_flops=2.0 * m * k * n, **kw)
+
+
+#: bytes of HBM traffic per element of a GEMM operand quantized to fp8 by Transformer Engine's fused cast-transpose
+#: (``transformer_engine/common/transpose/cast_transpose``): read it in bf16 (2 B), write the fp8 copy and its fp8
+#: transpose (1 + 1 B) that the other GEMM of backward reads; the amax reduction rides along
+FP8_CAST_BYTES_PER_ELEMENT = 2 + 1 + 1
+
+
+def _linear(name: str, m, k, n, cfg: "Config", batch=1.0) -> list[Op]:
+    """A linear layer's GEMM (m x k input by k x n weight) at the configuration's GEMM precision, and, in fp8 /
+    mxfp8, the quantization of its operands: the input in forward, the output gradient in backward (the weights
+    are cast once per step and cached across micro-batches, Megatron's ``is_first_microbatch``, so not here)."""
+    low = np.isin(np.asarray(cfg.precision), ("fp8", "mxfp8"))
+    cast = Op(f"{name}_fp8_cast", "memory", hbm_bytes=np.where(low, FP8_CAST_BYTES_PER_ELEMENT * m * k * batch, 0.0),
+              bwd_ratio=n / k, weight_grad_fraction=0.0)
+    return [_gemm(name, m, k, n, batch, precision=cfg.precision), cast]
 
 
 def sp_degree(cfg: Config):
@@ -80,7 +97,7 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     if model.is_mla:
         ops += mla_projection_ops(model, cfg)
     else:
-        ops.append(_gemm("qkv_proj", T, h, (model.q_dim + 2 * model.kv_dim) / t))
+        ops += _linear("qkv_proj", T, h, (model.q_dim + 2 * model.kv_dim) / t, cfg)
     s_kv = cfg.seq_len  # each query attends to the whole (causal) sequence, whatever the CP split
     # QK^T (2 T s q) and scores x V (2 T s out): 4 T s q_dim for standard attention; MLA's value head is narrower
     core_flops = 2.0 * T * s_kv * (model.attn_q_dim + model.attn_out_dim) / t
@@ -98,7 +115,7 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     score_elems = T * s_kv * model.num_heads / t
     ops.append(Op("softmax_dropout", "memory", hbm_bytes=np.where(flash, 0.0, per_score * score_elems),
                   bwd_ratio=1.0, weight_grad_fraction=0.0, recomputed_by_selective=True))
-    ops.append(_gemm("attn_out_proj", T, model.attn_out_dim / t, h))
+    ops += _linear("attn_out_proj", T, model.attn_out_dim / t, h, cfg)
     # ---- MLP / MoE --------------------------------------------------------------------------------------------
     n_mats = 3 if model.gated_mlp else 2
     sp = sp_degree(cfg)
@@ -111,12 +128,12 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
         # grouped GEMM of E/ep GEMMs of m_e = T k ep / E tokens each (the size that sets the GEMM efficiency)
         local = model.num_experts / cfg.ep
         m_e = T * k / local
-        ops.append(_gemm("experts_in", m_e, h, (n_mats - 1) * f / t, batch=local))
-        ops.append(_gemm("experts_out", m_e, f / t, h, batch=local))
+        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / t, cfg, batch=local)
+        ops += _linear("experts_out", m_e, f / t, h, cfg, batch=local)
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
-            ops.append(_gemm("shared_experts_in", T, h, (n_mats - 1) * f_sh / t))
-            ops.append(_gemm("shared_experts_out", T, f_sh / t, h))
+            ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg)
+            ops += _linear("shared_experts_out", T, f_sh / t, h, cfg)
         # permute before and unpermute + probability-weighted combine after the experts: each reads and writes
         # the T k token copies (bf16); their share per TP rank is 1/sp
         ops.append(Op("moe_permute", "memory", hbm_bytes=ACT_BYTES * 4 * T * k * h / sp, bwd_ratio=1.0,
@@ -124,8 +141,8 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
         k += model.num_shared_experts  # the activation-function width below covers the shared experts too
     else:
         f = model.ffn_hidden_size
-        ops.append(_gemm("mlp_in", T, h, (n_mats - 1) * f / t))
-        ops.append(_gemm("mlp_out", T, f / t, h))
+        ops += _linear("mlp_in", T, h, (n_mats - 1) * f / t, cfg)
+        ops += _linear("mlp_out", T, f / t, h, cfg)
         k = 1
     # ---- memory-bound kernels (bytes moved per token, bf16) ---------------------------------------------------
     norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
@@ -150,12 +167,12 @@ def mla_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
     ops = []
     if model.q_lora_rank:
-        ops.append(_gemm("q_down_proj", T, h, model.q_lora_rank))
-        ops.append(_gemm("q_up_proj", T, model.q_lora_rank, heads * qk_head / t))
+        ops += _linear("q_down_proj", T, h, model.q_lora_rank, cfg)
+        ops += _linear("q_up_proj", T, model.q_lora_rank, heads * qk_head / t, cfg)
     else:
-        ops.append(_gemm("q_proj", T, h, heads * qk_head / t))
-    ops.append(_gemm("kv_down_proj", T, h, model.kv_lora_rank + model.qk_rope_head_dim))
-    ops.append(_gemm("kv_up_proj", T, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / t))
+        ops += _linear("q_proj", T, h, heads * qk_head / t, cfg)
+    ops += _linear("kv_down_proj", T, h, model.kv_lora_rank + model.qk_rope_head_dim, cfg)
+    ops += _linear("kv_up_proj", T, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / t, cfg)
     return ops
 
 
@@ -182,9 +199,12 @@ def head_ops(model: ModelSpec, cfg: Config) -> list[Op]:
 def op_time_s(op: Op, gpu: GPU):
     """Forward time of one operator: FLOPs / (peak x efficiency) for compute, bytes / (HBM BW x efficiency)."""
     if op.kind == "gemm":
-        # roofline: the slower of compute at the efficiency of this GEMM size and moving its operands over HBM
-        size = np.where(np.asarray(op.gemm_flops) != 0, op.gemm_flops, op.flops)
-        compute = op.flops / (gpu.peak_flops * gpu.matmul_efficiency(size))
+        # roofline: the slower of compute at the efficiency of this GEMM size and moving its operands over HBM. A
+        # narrower precision runs at its tensor-core peak (s x bf16's); its efficiency is the curve's at the
+        # bf16 GEMM of the same duration (FLOPs / s): launch and tail overheads scale with time, not FLOPs
+        speedup = gpu.tensor_speedup(op.precision)
+        size = np.where(np.asarray(op.gemm_flops) != 0, op.gemm_flops, op.flops) / speedup
+        compute = op.flops / (gpu.peak_flops * speedup * gpu.matmul_efficiency(size))
         return np.maximum(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
     if op.kind == "attention":
         return op.flops / (gpu.peak_flops * gpu.attention_efficiency)

@@ -254,13 +254,14 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
     return np.where(np.asarray(pp) > 1, send, 0.0)
 
 
-def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo) -> tuple:
+def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
     schedule, layer and recompute splits, DP options, the DP placement and the pipeline link -- none of which a
     layer's kernels, activations or TP / CP / EP communication read."""
-    return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo))
+    return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
+            precision)
 
 
 def _row(x, i: int):
@@ -299,7 +300,8 @@ class LayerCostCache:
     @staticmethod
     def _key(cfg: RunConfig) -> tuple:
         return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
-                          cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap)
+                          cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
+                          cfg.precision)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         return self._get(model, cluster, self._key(cfg) + (moe,),

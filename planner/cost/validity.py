@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.cost.schedule import SCHEDULES
-from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig, even_layer_split
+from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig, even_layer_split
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -33,8 +33,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
 
     Rules: degrees multiply to the GPU count; heads and KV heads divisible by TP; TP inside one node; global batch
     divisible by DP x micro-batch; enough layers for PP x VPP stages; CP divides the sequence; EP divides DP x CP
-    and the experts (Megatron's rule); TP communication overlap with sequence parallelism; the schedule's own
-    constraints.
+    and the experts (Megatron's rule); TP communication overlap with sequence parallelism; a GEMM precision the GPU
+    has; the schedule's own constraints.
     """
     out: list[tuple[str, str]] = []
     for name in ("num_gpus", "tp", "pp", "cp", "ep", "vpp", "global_batch_size", "micro_batch_size", "seq_len"):
@@ -110,6 +110,12 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
     if cfg.tp_comm_overlap and cfg.tp > 1 and not cfg.sequence_parallel:
         out.append(("tp_comm_overlap", "TP communication overlap needs sequence parallelism (Megatron-Core's "
                                        "--tp-comm-overlap rule); turn sequence parallelism on or the overlap off"))
+    if cfg.precision not in PRECISIONS:
+        out.append(("precision", f"unknown precision '{cfg.precision}'; use one of {', '.join(PRECISIONS)}"))
+    elif cfg.precision not in cluster.gpu.precisions():
+        out.append(("precision", f"{cluster.gpu.name} has no {cfg.precision} tensor cores (its profile gives "
+                                 f"{', '.join(cluster.gpu.precisions())}); use --precision "
+                                 f"{'fp8' if 'fp8' in cluster.gpu.precisions() else 'bf16'} or a GPU that has it"))
     if cfg.grad_reduce_bytes not in (2, 4):
         out.append(("grad_reduce_bytes", f"must be 2 (bf16) or 4 (fp32), got {cfg.grad_reduce_bytes}"))
     if cfg.recompute not in RECOMPUTE_MODES:

@@ -41,6 +41,9 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         raise unsupported(LAUNCHER, "TP communication overlap (Megatron-Core's --tp-comm-overlap; Megatron-DeepSpeed "
                                     "has no such option)", "plan for deepspeed (--emit deepspeed), or export to "
                                                            "megatron / nemo / torchtitan")
+    if cfg.precision in ("fp8", "mxfp8"):
+        raise unsupported(LAUNCHER, f"{cfg.precision} GEMMs (DeepSpeed's JSON config has no fp8 training switch)",
+                          "plan with --precision bf16, or export to megatron / nemo / torchtitan")
     zero: dict[str, Any] = {"stage": cfg.zero_stage}
     if cfg.zero_stage >= 1:
         zero["overlap_comm"] = cfg.overlap_grad_reduce
@@ -49,7 +52,7 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         "train_batch_size": cfg.global_batch_size,
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": cfg.num_microbatches,
-        "bf16": {"enabled": True},
+        **({"fp16": {"enabled": True}} if cfg.precision == "fp16" else {"bf16": {"enabled": True}}),
         "communication_data_type": COMM_DTYPE.get(cfg.grad_reduce_bytes, "fp32"),
         "zero_optimization": zero,
     }

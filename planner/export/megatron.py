@@ -162,8 +162,15 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     if cfg.grad_reduce_bytes == 4:
         args.append("--accumulate-allreduce-grads-in-fp32")
     args += _model_args(view)
-    args.append("--bf16")
+    args += PRECISION_ARGS[cfg.precision]
     return args
+
+
+#: Megatron-LM arguments of each GEMM precision (megatron/training/arguments.py: --fp8-format, --fp8-recipe); fp8
+#: and mxfp8 keep bf16 parameters and run Transformer Engine's linear layers in fp8
+PRECISION_ARGS = {"bf16": ["--bf16"], "fp16": ["--fp16"],
+                  "fp8": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"],
+                  "mxfp8": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]}
 
 
 def notes(plan: Any, source: str = "<plan>") -> list[str]:

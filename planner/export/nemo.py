@@ -104,6 +104,11 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
            f"{cfg.num_gpus} GPUs"]
     if cfg.tp_comm_overlap and cfg.tp > 1:
         out.append("TP communication overlap: add MegatronCommOverlapCallback(tp_comm_overlap=True) to the trainer")
+    if cfg.precision != "bf16":
+        plugin = {"fp16": "MegatronMixedPrecision(precision='16-mixed')",
+                  "fp8": "MegatronMixedPrecision(precision='bf16-mixed', fp8='hybrid', fp8_recipe='delayed')",
+                  "mxfp8": "MegatronMixedPrecision(precision='bf16-mixed', fp8='e4m3', fp8_recipe='mxfp8')"}
+        out.append(f"{cfg.precision} GEMMs: use the precision plugin {plugin[cfg.precision]}")
     return out
 
 

@@ -18,13 +18,17 @@ from planner.export import TARGETS, export
 from planner.export import megatron, torchtitan
 
 
-def launcher_spaces(target: str, option: str = "--launcher") -> list[Any]:
-    """Search spaces whose union is (a safe subset of) what ``target`` can run."""
+def launcher_spaces(target: str, option: str = "--launcher", precision: str = "bf16") -> list[Any]:
+    """Search spaces whose union is (a safe subset of) what ``target`` can run, for a run at ``precision``."""
     from planner.search.space import SearchSpace
 
     if target not in TARGETS:
         raise PlannerError(f"unknown launcher '{target}'", source=option, fix=f"use one of: {', '.join(TARGETS)}")
-    base = SearchSpace()
+    refused = {"deepspeed": ("fp8", "mxfp8"), "torchtitan": ("fp16",)}.get(target, ())
+    if precision in refused:
+        raise PlannerError(f"{target} cannot train with {precision} GEMMs", source="--precision",
+                           fix="use another --precision or launcher (megatron and nemo run bf16, fp16, fp8, mxfp8)")
+    base = SearchSpace(precision=precision)
     if target in ("megatron", "nemo"):
         schedules = tuple(s for s in base.schedules if megatron.SCHEDULE_SUPPORT.get(s))
         spaces = [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1))]
@@ -46,13 +50,13 @@ def launcher_spaces(target: str, option: str = "--launcher") -> list[Any]:
 
 def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size: int, seq_len: int, target: str, *,
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
-                      refine_partition: bool = True, option: str = "--launcher") -> Any:
-    """The best plan ``target`` can run (a ``planner.plan.Plan``); InfeasibleError when none fits.
-    ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
+                      refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16") -> Any:
+    """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``; InfeasibleError when none
+    fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
     from planner.plan import search_plans
     from planner.search.engine import objective_key
 
-    spaces = launcher_spaces(target, option)
+    spaces = launcher_spaces(target, option, precision)
     found = []
     reasons = []
     for space in spaces:

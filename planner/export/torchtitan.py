@@ -148,7 +148,16 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
                               "plan with ZeRO >= 1 and an EP degree dividing dp*cp")
         par["expert_parallel_degree"] = cfg.ep
         par["expert_tensor_parallel_degree"] = cfg.tp
-    return {"training": training, "parallelism": par, "activation_checkpoint": _activation_checkpoint(view)}
+    out = {"training": training, "parallelism": par, "activation_checkpoint": _activation_checkpoint(view)}
+    if cfg.precision in ("fp8", "mxfp8"):
+        # torchao's float8 / MX linear converters; the LM head ("output") stays bf16, as the cost model keeps it
+        name = "float8" if cfg.precision == "fp8" else "mx"
+        out["model"] = {"converters": [name]}
+        out[name] = {"recipe_name": "tensorwise" if cfg.precision == "fp8" else "mxfp8", "filter_fqns": ["output"]}
+    elif cfg.precision == "fp16":
+        raise unsupported(LAUNCHER, "fp16 mixed precision (torchtitan trains in bf16 with fp32 reductions)",
+                          "plan with --precision bf16 or export to megatron")
+    return out
 
 
 def notes(plan: Any, source: str = "<plan>") -> list[str]:

@@ -109,7 +109,8 @@ _RULE_FIELDS = {
     "vpp": "parallelism.vpp", "zero": "parallelism.zero_stage", "gpus": "num_gpus", "num_gpus": "num_gpus",
     "global-batch": "batch.global_batch_size", "global_batch_size": "batch.global_batch_size",
     "micro_batch_size": "batch.micro_batch_size", "seq_len": "batch.seq_len", "recompute": "recompute.mode",
-    "recompute_layers_per_stage": "recompute.layers_per_stage",
+    "recompute_layers_per_stage": "recompute.layers_per_stage", "precision": "options.precision",
+    "tp_comm_overlap": "options.tp_comm_overlap", "grad_reduce_bytes": "options.grad_reduce_bytes",
 }
 
 

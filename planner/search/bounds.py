@@ -167,7 +167,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
     uniq_layers, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
-    keys = layer_key_batch(uniq_layers, space.seq_len)
+    keys = layer_key_batch(space, uniq_layers)
     costs = batch_costs(model, cluster, keys)
     tab, sends = _layer_tables(model, cluster, keys, costs)
     t_ = {k: PerKey(v, layer_key) for k, v in tab.items()}
@@ -245,13 +245,14 @@ _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none",
                 "act_none_d", "act_none_m", "act_sel_d", "act_sel_m", "head_act")
 
 
-def layer_key_batch(uniq: np.ndarray, seq_len: int, recompute: str = "selective") -> ConfigBatch:
-    """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``) under one recompute
-    mode."""
+def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective") -> ConfigBatch:
+    """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``) of a space, under one
+    recompute mode."""
     t, c, k, b, s, e, tpo, fa = uniq.T
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
-                                    seq_len=seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
-                                    flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool))
+                                    seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
+                                    flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
+                                    precision=space.precision)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

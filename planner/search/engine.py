@@ -153,6 +153,10 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
         if value > MAX_CONFIG_INT:  # the walk lists divisors in O(sqrt(n)): larger values would run for hours
             raise PlannerError(f"must be <= {MAX_CONFIG_INT}, got {value}", source=name,
                                fix="no real training run is this large")
+    if space.precision not in cluster.gpu.precisions():
+        raise PlannerError(f"{cluster.gpu.name} has no {space.precision} tensor cores (its profile gives "
+                           f"{', '.join(cluster.gpu.precisions())})", source="--precision",
+                           fix="use a precision the GPU has, or another --cluster")
     if cluster.max_gpus and num_gpus > cluster.max_gpus:
         raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
                            fix=f"use --gpus <= {cluster.max_gpus}")
@@ -285,7 +289,7 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             continue
         mode = "selective" if cfg.recompute == "selective" else "none"
         if mode not in key_costs:
-            key_costs[mode] = batch_costs(model, cluster, layer_key_batch(tables.layer_keys, sp.seq_len, mode))
+            key_costs[mode] = batch_costs(model, cluster, layer_key_batch(sp, tables.layer_keys, mode))
         LAYER_COSTS.seed(model, cluster, cfg, key_costs[mode], int(tables.layer_key[g]))
         est = estimate(model, cluster, cfg, check=False)
         stats["exact_evaluations"] += 1

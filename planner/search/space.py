@@ -54,6 +54,8 @@ class SearchSpace:
     overlap_grad_reduce: tuple[bool, ...] = (True,)
     overlap_param_gather: tuple[bool, ...] = (True,)
     grad_reduce_bytes: tuple[int, ...] = (2,)
+    #: GEMM precision of the linear layers (the run's choice, not searched: config.PRECISIONS)
+    precision: str = "bf16"
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
     max_pp: int | None = None
@@ -187,6 +189,7 @@ class Space:
     zero_stages: tuple[int, ...]
     rec_codes: tuple[int, ...]  # from REC_NONE, REC_SELECTIVE, REC_FULL_ALL
     partial_recompute: bool
+    precision: str = "bf16"
 
     def col(self, name: str) -> np.ndarray:
         return self.groups[:, G[name]]
@@ -249,7 +252,7 @@ class Space:
             global_batch_size=self.global_batch, micro_batch_size=g["mb"], seq_len=self.seq_len,
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
-            schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]],
+            schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
             **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
 
 
@@ -261,4 +264,4 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
     return Space(groups=rows,
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
                  global_batch=global_batch, seq_len=seq_len, zero_stages=tuple(sorted(space.zero_stages)),
-                 rec_codes=rec_codes, partial_recompute=space.partial_recompute)
+                 rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision)

@@ -14,6 +14,10 @@ import numpy as np
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 CP_KINDS = ("ring", "ulysses")
+#: precision of the linear layers' GEMMs (the attention core, router, LM head and softmax stay bf16 / fp32, as
+#: Transformer Engine's fp8 recipes run them): bf16 | fp16 | fp8 (Hopper / Ada / MI300 tensor cores, per-tensor
+#: scaling) | mxfp8 (Blackwell block-scaled fp8)
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class RunConfig:
     overlap_param_gather: bool = True  # ZeRO-1/3 parameter all-gather overlapped with the next forward
     tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
     grad_reduce_bytes: int = 2  # bytes per element of the DP gradient reduction (bf16 = 2, fp32 = 4)
+    precision: str = "bf16"  # GEMM precision of the linear layers (PRECISIONS)
 
     # ----- derived --------------------------------------------------------------------------------------------
     @property
@@ -78,7 +83,7 @@ class RunConfig:
 #: the RunConfig fields one decoder layer's costs read (kernels, activations, TP / CP / EP communication): the
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
-                "flash_attention", "tp_comm_overlap")
+                "flash_attention", "tp_comm_overlap", "precision")
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,7 +92,7 @@ class ConfigBatch:
 
     The cost model's per-layer functions take either one :class:`RunConfig` or a ``ConfigBatch`` and are written
     with numpy expressions that broadcast over both, so a configuration and a search's thousands of keys go through
-    the same code (``cp_kind`` and ``recompute`` are string arrays: ``batch.cp_kind == "ulysses"`` is elementwise).
+    the same code (``cp_kind``, ``recompute`` and ``precision`` are string arrays: ``batch.cp_kind == "ulysses"`` is elementwise).
     """
 
     tp: np.ndarray
@@ -100,6 +105,7 @@ class ConfigBatch:
     recompute: np.ndarray
     flash_attention: np.ndarray
     tp_comm_overlap: np.ndarray
+    precision: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":

@@ -17,6 +17,8 @@ import numpy as np
 from planner.errors import PlannerError
 from planner.specs.model import MAX_CONFIG_INT, _data_dir, _resolve, read_json_file
 
+#: GEMM precisions narrower than bf16 a profile may give a dense peak for (``peak_<name>_tflops``)
+LOW_PRECISIONS = ("fp16", "fp8", "mxfp8")
 GIB = 1024**3
 GB = 1e9
 TFLOPS = 1e12
@@ -59,6 +61,22 @@ class GPU:
     #: fraction of an overlapped collective's duration that still lands on the compute stream (SMs the
     #: communication kernels take from the concurrent GEMM)
     comm_overlap_interference: float = 0.0
+    #: dense tensor-core FLOP/s of the narrower GEMM precisions the GPU has ("fp16", "fp8", "mxfp8"); bf16 is
+    #: ``peak_flops``
+    peak_flops_low_precision: tuple[tuple[str, float], ...] = ()
+
+    def precisions(self) -> tuple[str, ...]:
+        """The GEMM precisions this GPU runs: bf16 and those its profile gives a peak for."""
+        return ("bf16",) + tuple(name for name, _ in self.peak_flops_low_precision)
+
+    def tensor_speedup(self, precision):
+        """Dense tensor-core FLOP/s of ``precision`` (a name, or an array of names) over bf16's: 1 for bf16, NaN
+        for a precision the GPU lacks (``planner.cost.validity`` refuses those first)."""
+        precision = np.asarray(precision)
+        out = np.where(precision == "bf16", 1.0, np.nan)
+        for name, flops in self.peak_flops_low_precision:
+            out = np.where(precision == name, flops / self.peak_flops, out)
+        return out
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -181,6 +199,8 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         memory_reserve_bytes=_num(g, "memory_reserve_gib", source, "gpu", positive=False) * GIB,
         comm_overlap_interference=_num(g, "comm_overlap_interference", source, "gpu", positive=False, maximum=1.0,
                                        default=0.0),
+        peak_flops_low_precision=tuple((name, _num(g, f"peak_{name}_tflops", source, "gpu") * TFLOPS)
+                                       for name in LOW_PRECISIONS if f"peak_{name}_tflops" in g),
     )
     node = data.get("node")
     if not isinstance(node, dict):
