@@ -1,28 +1,101 @@
-"""``planner validate``: the public validation set, measured vs estimated."""
+"""``planner validate``: the public validation sets, measured vs estimated, per row and per group."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
+import typer
 from rich.table import Table
 
-from planner.cli.app import app, console, handle_errors
+from planner.cli.app import app, choice, console, handle_errors
 from planner.validation import validate as run_validation
+from planner.validation.compare import GROUPS, validate_modern
+
+SETS = ("papers", "modern", "all")
+
+
+def _summary(errors: list[float]) -> dict:
+    return {"rows": len(errors), "mean_abs_error": statistics.mean(abs(e) for e in errors) if errors else None,
+            "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
+            "max_abs_error": max(abs(e) for e in errors) if errors else None}
+
+
+def modern_report(rows) -> dict:
+    """Per-row and per-group accuracy of the modern set (rows that cannot be expressed are listed, not scored)."""
+    scored = [r for r in rows if r.estimated is not None]
+    return {
+        "rows": [{"id": r.id, "framework": r.framework, "groups": list(r.groups), "measured_tokens_per_s_per_gpu":
+                  r.measured, "estimated_tokens_per_s_per_gpu": r.estimated,
+                  "error": r.error if r.estimated is not None else None, "cannot_express": r.cannot_express or None,
+                  "source": r.source, "command": r.command} for r in rows],
+        "overall": _summary([r.error for r in scored]),
+        "groups": {g: _summary([r.error for r in scored if g in r.groups]) for g in GROUPS},
+        "cannot_express": sum(1 for r in rows if r.estimated is None),
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 @app.command()
 @handle_errors
-def validate() -> None:
-    """Compare the cost model with published Megatron-LM runs (Korthikanti 2022 Table 5, Narayanan 2021 Table 1)."""
-    rows = run_validation()
-    con = console()
-    for table in sorted({r.table for r in rows}, reverse=True):
-        rs = [r for r in rows if r.table == table]
-        t = Table(title=table)
-        for col in ("run", "metric", "measured", "estimated", "error"):
-            t.add_column(col, justify="right" if col != "run" else "left")
-        for r in rs:
-            t.add_row(r.id, r.metric, f"{r.measured:.2f}", f"{r.estimated:.2f}", f"{100 * r.error:+.1f}%")
-        errs = [abs(r.error) for r in rs]
-        con.print(t)
-        con.print(f"{table}: mean |error| {100 * statistics.mean(errs):.2f}%, max |error| {100 * max(errs):.2f}%")
+def validate(
+    which: str = typer.Option("all", "--set", help="papers (Megatron-LM 2021-22, A100) | modern (current stacks: "
+                                                   "H100/H800/B200, bf16/fp8/mxfp8, dense and MoE) | all"),
+    show_commands: bool = typer.Option(False, "--show-commands",
+                                       help="Print each modern row's `planner estimate` command"),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
+) -> None:
+    """Compare the cost model with published runs: the papers' set (Korthikanti 2022 Table 5, Narayanan 2021
+    Table 1, Llama 3 held out) and the modern set (Megatron-Core, NeMo, Megatron-Bridge, DeepSeek-V3), with the
+    error per row, per group and overall."""
+    choice(which, SETS, "--set")
+    out: dict = {}
+    con = None if json_out else console()
+    if which in ("papers", "all"):
+        rows = run_validation()
+        out["papers"] = {}
+        for table in sorted({r.table for r in rows}, reverse=True):
+            rs = [r for r in rows if r.table == table]
+            out["papers"][table] = {"rows": [{"id": r.id, "metric": r.metric, "measured": r.measured,
+                                              "estimated": r.estimated, "error": r.error} for r in rs],
+                                    **_summary([r.error for r in rs])}
+            if con is not None:
+                t = Table(title=table)
+                for col in ("run", "metric", "measured", "estimated", "error"):
+                    t.add_column(col, justify="right" if col != "run" else "left")
+                for r in rs:
+                    t.add_row(r.id, r.metric, f"{r.measured:.2f}", f"{r.estimated:.2f}", f"{100 * r.error:+.1f}%")
+                errs = [abs(r.error) for r in rs]
+                con.print(t)
+                con.print(f"{table}: mean |error| {100 * statistics.mean(errs):.2f}%, "
+                          f"max |error| {100 * max(errs):.2f}%")
+    if which in ("modern", "all"):
+        rows = validate_modern()
+        report = modern_report(rows)
+        out["modern"] = report
+        if con is not None:
+            t = Table(title="modern public runs: tokens/s per GPU, measured vs estimated for the published layout")
+            for col in ("run", "framework", "groups", "measured", "estimated", "error"):
+                t.add_column(col, justify="right" if col in ("measured", "estimated", "error") else "left")
+            for r in rows:
+                est = f"{r.estimated:,.0f}" if r.estimated is not None else "cannot express"
+                err = f"{100 * r.error:+.1f}%" if r.estimated is not None else r.cannot_express
+                t.add_row(r.id, r.framework, ", ".join(r.groups), f"{r.measured:,.0f}", est, err)
+            con.print(t)
+            g = Table(title="modern set: accuracy per group (a row may be in several)")
+            for col in ("group", "rows", "mean |error|", "median |error|", "max |error|"):
+                g.add_column(col, justify="left" if col == "group" else "right")
+            for name, s in [("all", report["overall"])] + list(report["groups"].items()):
+                g.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
+                          _pct(s["max_abs_error"]))
+            con.print(g)
+            if report["cannot_express"]:
+                con.print(f"{report['cannot_express']} row(s) cannot be expressed yet (listed above, not scored)")
+            if show_commands:
+                for r in rows:
+                    con.print(f"# {r.id}\n{r.command}", soft_wrap=True)
+    if json_out:
+        typer.echo(json.dumps(out, indent=2, sort_keys=True))

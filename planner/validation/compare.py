@@ -65,3 +65,118 @@ def evaluate_run(run: dict) -> ValidationRow:
 
 def validate(runs: list[dict] | None = None) -> list[ValidationRow]:
     return [evaluate_run(r) for r in (runs if runs is not None else load_runs())]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The modern set: current stacks, tokens per second per GPU
+# ---------------------------------------------------------------------------------------------------------------
+MODERN_FILE = Path(__file__).with_name("modern_runs.json")
+#: accuracy groups of the modern set (a row may be in several), in report order
+GROUPS = ("dense bf16", "fp8", "MoE", "FSDP / ZeRO-3", "long context", "H100 / H800", "B200")
+#: from this sequence length on a run counts as long context
+LONG_CONTEXT_TOKENS = 32768
+
+
+@dataclass(frozen=True)
+class ModernRow:
+    id: str
+    source: str
+    framework: str
+    measured: float  # tokens / s / GPU
+    estimated: float | None  # None where the layout cannot be expressed
+    groups: tuple[str, ...]
+    command: str  # the `planner estimate` command that reproduces the estimate
+    cannot_express: str = ""
+
+    @property
+    def error(self) -> float:
+        return (self.estimated - self.measured) / self.measured
+
+
+def load_modern_runs(path: Path = MODERN_FILE) -> list[dict]:
+    return json.loads(path.read_text())["runs"]
+
+
+def modern_model_ref(run: dict) -> str:
+    """The --model value of a row: a shipped name, or the path of its config.json under ``models/``."""
+    ref = run["model"]
+    return str(Path(__file__).with_name(ref.split("/", 1)[0]) / ref.split("/", 1)[1]) if "/" in ref else ref
+
+
+def modern_config(run: dict) -> RunConfig:
+    conf = dict(run["layout"])
+    if conf.get("layers_per_stage") is not None:
+        conf["layers_per_stage"] = tuple(conf["layers_per_stage"])
+    return RunConfig(**conf)
+
+
+def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
+    """The accuracy groups a row belongs to, from its configuration (not from hand-written tags)."""
+    gpu = run["gpu"].upper()
+    out = []
+    if cfg.precision == "bf16" and not model.is_moe:
+        out.append("dense bf16")
+    if cfg.precision in ("fp8", "mxfp8"):
+        out.append("fp8")
+    if model.is_moe:
+        out.append("MoE")
+    if cfg.zero_stage == 3:
+        out.append("FSDP / ZeRO-3")
+    if cfg.seq_len >= LONG_CONTEXT_TOKENS:
+        out.append("long context")
+    if gpu.startswith(("H100", "H800", "H200")):
+        out.append("H100 / H800")
+    if gpu.startswith(("B200", "GB200")):
+        out.append("B200")
+    return tuple(out)
+
+
+def estimate_command(run: dict) -> str:
+    """``planner estimate`` with every knob of the row's layout spelled as a CLI option."""
+    cfg = modern_config(run)
+    default = RunConfig(num_gpus=1)
+    parts = ["planner estimate", f"--model {modern_model_ref(run)}", f"--cluster {run['cluster']}",
+             f"--gpus {cfg.num_gpus}", f"--global-batch {cfg.global_batch_size}",
+             f"--micro-batch {cfg.micro_batch_size}", f"--seq-len {cfg.seq_len}"]
+    for flag, name in (("--tp", "tp"), ("--pp", "pp"), ("--cp", "cp"), ("--ep", "ep"), ("--vpp", "vpp")):
+        if getattr(cfg, name) != 1:
+            parts.append(f"{flag} {getattr(cfg, name)}")
+    if cfg.cp > 1:
+        parts.append(f"--cp-kind {cfg.cp_kind}")
+    parts += [f"--schedule {cfg.schedule}", f"--recompute {cfg.recompute}", f"--zero {cfg.zero_stage}",
+              f"--precision {cfg.precision}",
+              f"--grad-reduce-dtype {'fp32' if cfg.grad_reduce_bytes == 4 else 'bf16'}"]
+    for flag, name in (("sequence-parallel", "sequence_parallel"), ("flash-attention", "flash_attention"),
+                       ("overlap-grad-reduce", "overlap_grad_reduce"), ("overlap-param-gather", "overlap_param_gather"),
+                       ("tp-comm-overlap", "tp_comm_overlap")):
+        value = getattr(cfg, name)
+        if value != getattr(default, name) or name == "tp_comm_overlap":
+            parts.append(f"--{flag}" if value else f"--no-{flag}")
+    if cfg.layers_per_stage is not None:
+        parts.append("--layers-per-stage " + ",".join(map(str, cfg.layers_per_stage)))
+    return " ".join(parts)
+
+
+def evaluate_modern_run(run: dict) -> ModernRow:
+    """The row's tokens/s/GPU as ``planner estimate`` computes it for the published layout, or why the layout
+    cannot be expressed (a validity rule it breaks)."""
+    from planner.cost.validity import config_problems
+    from planner.specs.model import load_model
+
+    model = load_model(modern_model_ref(run))
+    cluster = load_cluster(run["cluster"])
+    cfg = modern_config(run)
+    # the CLI's rule: sequence parallelism only with TP
+    cfg = cfg.with_(sequence_parallel=cfg.sequence_parallel and cfg.tp > 1)
+    base = dict(id=run["id"], source=run["source"], framework=run["framework"],
+                measured=float(run["measured_tokens_per_s_per_gpu"]), groups=row_groups(run, model, cfg),
+                command=estimate_command(run))
+    problems = config_problems(model, cluster, cfg)
+    if problems:
+        return ModernRow(estimated=None, cannot_express=f"{problems[0][0]}: {problems[0][1]}", **base)
+    est = estimate(model, cluster, cfg)
+    return ModernRow(estimated=est.tokens_per_s / cfg.num_gpus, **base)
+
+
+def validate_modern(runs: list[dict] | None = None) -> list[ModernRow]:
+    return [evaluate_modern_run(r) for r in (runs if runs is not None else load_modern_runs())]

@@ -1,0 +1,65 @@
+"""The modern public validation set (issue 9): every row carries its source and quoted figures, is reproduced by
+its own `planner estimate` command, and is scored per group by `planner validate`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.validation.compare import GROUPS, load_modern_runs, validate_modern
+
+RUNS = load_modern_runs()
+ROWS = {r.id: r for r in validate_modern()}
+
+
+def test_every_row_names_its_source_quote_and_assumptions():
+    assert len(RUNS) >= 19
+    for run in RUNS:
+        assert run["source"] and run["quote"] and isinstance(run["assumed"], list), run["id"]
+        assert run["measured_tokens_per_s_per_gpu"] > 0 and run["measured"]["value"] > 0
+        assert run["layout"]["precision"] in ("bf16", "fp8", "mxfp8")
+    # what the set covers: H100, H800, B200; bf16 and fp8; dense and MoE; 4K to 64K tokens
+    assert {r["gpu"] for r in RUNS} >= {"H100", "H800", "B200"}
+    assert {r["layout"]["seq_len"] for r in RUNS} >= {4096, 8192, 65536}
+
+
+@pytest.mark.parametrize("run_id", sorted(ROWS))
+def test_each_row_is_reproduced_by_its_printed_command(run_id):
+    """`planner validate --show-commands` prints a command per row; through the CLI it gives the same tokens/s per
+    GPU as the validation (or, for a layout a validity rule refuses, that rule's one-line error)."""
+    row = ROWS[run_id]
+    args = shlex.split(row.command)[1:] + ["--json"]
+    r = CliRunner().invoke(app, args)
+    if row.estimated is None:
+        assert r.exit_code == 2 and row.cannot_express.split(":", 1)[1].strip()[:30] in r.output
+        return
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["estimate"]["tokens_per_s"] / d["num_gpus"] == pytest.approx(row.estimated, rel=1e-12)
+
+
+def test_validate_reports_every_group_and_the_rows_it_cannot_express():
+    r = CliRunner().invoke(app, ["validate", "--set", "modern", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)["modern"]
+    assert set(rep["groups"]) == set(GROUPS)
+    assert rep["overall"]["rows"] + rep["cannot_express"] == len(RUNS)
+    assert all(rep["groups"][g]["rows"] >= 1 for g in GROUPS)
+    bad = CliRunner().invoke(app, ["validate", "--set", "newest"])
+    assert bad.exit_code == 2 and "--set" in bad.output
+
+
+def test_modern_accuracy_does_not_regress():
+    """Where the model stands on current stacks (README, 'Accuracy'): a guard against regressions, not the target
+    (issue 9 asks for 6% mean / 15% max, which needs the fitted Hopper / Blackwell profiles and stacks)."""
+    scored = [r for r in ROWS.values() if r.estimated is not None]
+    mean = sum(abs(r.error) for r in scored) / len(scored)
+    assert len(scored) >= 18 and mean < 0.22
+    dense_bf16 = [abs(r.error) for r in scored if "dense bf16" in r.groups]
+    assert max(dense_bf16) < 0.30
+    # the large Megatron-Core weak-scaling runs, where the 2021-22 A100 physics carries over
+    assert abs(ROWS["MLM-WS-177B"].error) < 0.03 and abs(ROWS["MLM-WS-462B"].error) < 0.03
