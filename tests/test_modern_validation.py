@@ -63,3 +63,28 @@ def test_modern_accuracy_does_not_regress():
     assert max(dense_bf16) < 0.30
     # the large Megatron-Core weak-scaling runs, where the 2021-22 A100 physics carries over
     assert abs(ROWS["MLM-WS-177B"].error) < 0.03 and abs(ROWS["MLM-WS-462B"].error) < 0.03
+
+
+@pytest.mark.parametrize("profile,precision", [("h100-80gb-sxm", "fp8"), ("b200-180gb", "fp8")])
+def test_the_fitted_profile_values_are_what_the_fit_computes(profile, precision):
+    """A fitted parameter is data with its rows: the profile's stored value and rows are the fit's output
+    (``python -m planner.validation.fit --write``), and the leave-one-source-out check stays near the in-sample
+    error where there is more than one source."""
+    from planner.specs.hardware import hardware_profiles_dir
+    from planner.validation.fit import fit
+
+    stored = json.loads((hardware_profiles_dir() / f"{profile}.json").read_text())["gpu"][
+        "low_precision_gemm_efficiency"][precision]
+    f = fit(profile, precision)
+    assert stored["value"] == f.value and stored["fitted_on"] == list(f.rows)
+    assert 0.5 < f.value < 1.0  # fp8 kernels reach less of their (twice higher) peak than bf16's
+    assert max(abs(e) for e in f.in_sample) < 0.12
+    left_out = [e for errs in f.loso.values() for e in errs]
+    if left_out:
+        assert max(abs(e) for e in left_out) < 0.12
+
+
+def test_fp8_group_after_the_fit():
+    fp8 = [abs(r.error) for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups
+           and "MoE" not in r.groups]
+    assert max(fp8) < 0.12

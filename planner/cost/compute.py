@@ -201,10 +201,12 @@ def op_time_s(op: Op, gpu: GPU):
     if op.kind == "gemm":
         # roofline: the slower of compute at the efficiency of this GEMM size and moving its operands over HBM. A
         # narrower precision runs at its tensor-core peak (s x bf16's); its efficiency is the curve's at the
-        # bf16 GEMM of the same duration (FLOPs / s): launch and tail overheads scale with time, not FLOPs
+        # bf16 GEMM of the same duration (FLOPs / s): launch and tail overheads scale with time, not FLOPs; times
+        # the fraction of that efficiency the narrow format's kernels reach (fitted, ``gemm_efficiency_ratio``)
         speedup = gpu.tensor_speedup(op.precision)
         size = np.where(np.asarray(op.gemm_flops) != 0, op.gemm_flops, op.flops) / speedup
-        compute = op.flops / (gpu.peak_flops * speedup * gpu.matmul_efficiency(size))
+        efficiency = gpu.matmul_efficiency(size) * gpu.gemm_efficiency_ratio(op.precision)
+        compute = op.flops / (gpu.peak_flops * speedup * efficiency)
         return np.maximum(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
     if op.kind == "attention":
         return op.flops / (gpu.peak_flops * gpu.attention_efficiency)

@@ -64,6 +64,9 @@ class GPU:
     #: dense tensor-core FLOP/s of the narrower GEMM precisions the GPU has ("fp16", "fp8", "mxfp8"); bf16 is
     #: ``peak_flops``
     peak_flops_low_precision: tuple[tuple[str, float], ...] = ()
+    #: fraction of its bf16 GEMM efficiency (at the same duration) a narrower precision's GEMMs reach: fitted per
+    #: GPU and precision on public runs (the profile lists them); 1 where not fitted
+    low_precision_gemm_efficiency: tuple[tuple[str, float], ...] = ()
 
     def precisions(self) -> tuple[str, ...]:
         """The GEMM precisions this GPU runs: bf16 and those its profile gives a peak for."""
@@ -76,6 +79,14 @@ class GPU:
         out = np.where(precision == "bf16", 1.0, np.nan)
         for name, flops in self.peak_flops_low_precision:
             out = np.where(precision == name, flops / self.peak_flops, out)
+        return out
+
+    def gemm_efficiency_ratio(self, precision):
+        """:attr:`low_precision_gemm_efficiency` of ``precision`` (names or an array of them), 1 where none."""
+        precision = np.asarray(precision)
+        out = np.ones(precision.shape)
+        for name, ratio in self.low_precision_gemm_efficiency:
+            out = np.where(precision == name, ratio, out)
         return out
 
     @property
@@ -182,6 +193,22 @@ def _curve(d: Any, source: str, section: str) -> EfficiencyCurve:
     return EfficiencyCurve(tuple(xs), tuple(ys))
 
 
+def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
+    """``gpu.low_precision_gemm_efficiency``: {precision: {"value": ratio in (0, 1], ...provenance}}."""
+    if d is None:
+        return ()
+    section = "gpu.low_precision_gemm_efficiency"
+    if not isinstance(d, dict):
+        raise PlannerError("must be an object of {precision: {\"value\": ratio}}", source=source, field=section)
+    out = []
+    for name, entry in d.items():
+        if name not in LOW_PRECISIONS:
+            raise PlannerError(f"unknown precision '{name}'", source=source, field=section,
+                               fix=f"use one of: {', '.join(LOW_PRECISIONS)}")
+        out.append((name, _num(entry, "value", source, f"{section}.{name}", maximum=1.0)))
+    return tuple(out)
+
+
 def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str = "cluster") -> Cluster:
     if not isinstance(data, dict):
         raise PlannerError("top level must be a JSON object", source=source, fix=_FORMAT_FIX)
@@ -201,6 +228,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
                                        default=0.0),
         peak_flops_low_precision=tuple((name, _num(g, f"peak_{name}_tflops", source, "gpu") * TFLOPS)
                                        for name in LOW_PRECISIONS if f"peak_{name}_tflops" in g),
+        low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source),
     )
     node = data.get("node")
     if not isinstance(node, dict):

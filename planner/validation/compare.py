@@ -157,14 +157,14 @@ def estimate_command(run: dict) -> str:
     return " ".join(parts)
 
 
-def evaluate_modern_run(run: dict) -> ModernRow:
+def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
     """The row's tokens/s/GPU as ``planner estimate`` computes it for the published layout, or why the layout
-    cannot be expressed (a validity rule it breaks)."""
+    cannot be expressed (a validity rule it breaks). ``cluster``: instead of the row's profile (the fit's trials)."""
     from planner.cost.validity import config_problems
     from planner.specs.model import load_model
 
     model = load_model(modern_model_ref(run))
-    cluster = load_cluster(run["cluster"])
+    cluster = cluster if cluster is not None else load_cluster(run["cluster"])
     cfg = modern_config(run)
     # the CLI's rule: sequence parallelism only with TP
     cfg = cfg.with_(sequence_parallel=cfg.sequence_parallel and cfg.tp > 1)
