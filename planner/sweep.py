@@ -76,12 +76,15 @@ def _resolve(model: Any, cluster: Any):
 
 
 def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,
-                   launcher: str | None = None, precision: str = "bf16", **kw):
-    """The full search, or with ``launcher`` the best plan that launcher can run, at GEMM ``precision``."""
-    if launcher is not None:
+                   launcher: str | None = None, precision: str = "bf16", stack: str | None = None, **kw):
+    """The full search, or with ``launcher`` / ``stack`` (a stack name or file) the best plan that launcher / stack
+    can run, at GEMM ``precision``."""
+    if launcher is not None or stack is not None:
         from planner.export import plan_for_launcher
-        return plan_for_launcher(model, cluster, num_gpus, global_batch_size, seq_len, launcher, precision=precision,
-                                 **kw)
+        from planner.specs.stack import load_stack
+        run_stack = load_stack(stack) if stack is not None else None
+        return plan_for_launcher(model, cluster, num_gpus, global_batch_size, seq_len,
+                                 launcher or run_stack.launcher, precision=precision, stack=run_stack, **kw)
     from planner.search import search_plans
     from planner.search.space import SearchSpace
     return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, space=SearchSpace(precision=precision),
@@ -130,7 +133,7 @@ def scenarios(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, se
 
 def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 0,
           objective: str = "time", max_memory_gib: float | None = None, launcher: str | None = None,
-          precision: str = "bf16", processes: int | None = None, progress: bool | Callable[[int, int], None] = False,
+          precision: str = "bf16", stack: str | None = None, processes: int | None = None, progress: bool | Callable[[int, int], None] = False,
           search: Callable[..., Any] | None = None) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
@@ -155,20 +158,23 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
         raise PlannerError(f"unknown precision '{precision}'", source="precision",
                            fix=f"use one of: {', '.join(PRECISIONS)}")
     search_kw: dict[str, Any] = {"top_k": top_k, "objective": objective}
-    if precision != "bf16":
-        if search is not None:
-            raise PlannerError("precision sets the default search's space; a custom search must do it itself",
-                               source="precision")
-        search_kw["precision"] = precision
     if max_memory_gib is not None:
         search_kw["max_memory_gib"] = max_memory_gib
+    # options that shape the default search's space: checked once here, not in every row
+    restricting = {"precision": precision if precision != "bf16" else None, "stack": stack, "launcher": launcher}
+    if stack is not None:
+        from planner.specs.stack import load_stack
+        load_stack(stack)
     if launcher is not None:
         from planner.export import launcher_spaces
-        launcher_spaces(launcher)  # an unknown name fails here, not in every row
+        launcher_spaces(launcher)
+    for name, value in restricting.items():
+        if value is None:
+            continue
         if search is not None:
-            raise PlannerError("launcher restricts the default search; a custom search must do it itself",
-                               source="launcher")
-        search_kw["launcher"] = launcher
+            raise PlannerError(f"{name} shapes the default search; a custom search must apply it itself",
+                               source=name)
+        search_kw[name] = value
     fn = search or default_search
     jobs = [(s, search_kw, fn) for s in jobs_list]
     total = len(jobs)

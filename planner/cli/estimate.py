@@ -11,9 +11,7 @@ from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict
 from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, RunConfig
-
-#: --grad-reduce-dtype values and the bytes per element they mean
-GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
+from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
 
 
 def parse_layers_per_stage(text: str) -> tuple[int, ...]:
@@ -56,15 +54,18 @@ def estimate(
     layers_per_stage: str = typer.Option(None, "--layers-per-stage",
                                          help="Layers of each of the pp*vpp stages in model order, e.g. 7,8,...,8,7 "
                                               "(default: as even as possible)"),
-    flash_attention: bool = typer.Option(True, "--flash-attention/--no-flash-attention",
+    stack: str = typer.Option(DEFAULT_STACK, "--stack",
+                              help="Training stack whose runtime options apply (see `planner list stacks`; default "
+                                   f"{DEFAULT_STACK}, as NeMo / Megatron-Bridge run it); the flags below override one"),
+    flash_attention: bool = typer.Option(None, "--flash-attention/--no-flash-attention",
                                          help="Fused attention kernel (2021-22 Megatron ran without)"),
-    overlap_grad_reduce: bool = typer.Option(True, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+    overlap_grad_reduce: bool = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
                                              help="Overlap the DP gradient reduction with backward"),
-    overlap_param_gather: bool = typer.Option(True, "--overlap-param-gather/--no-overlap-param-gather",
+    overlap_param_gather: bool = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather",
                                               help="Overlap the ZeRO parameter all-gather with forward"),
-    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap/--no-tp-comm-overlap",
+    tp_comm_overlap: bool = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
                                          help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap; needs SP)"),
-    grad_reduce_dtype: str = typer.Option("bf16", "--grad-reduce-dtype",
+    grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
 ) -> None:
@@ -79,18 +80,21 @@ def estimate(
         if value < 1:
             raise PlannerError(f"must be >= 1, got {value}", source=name)
     choice(precision, PRECISIONS, "--precision")
-    choice(grad_reduce_dtype, tuple(GRAD_REDUCE_DTYPES), "--grad-reduce-dtype")
+    if grad_reduce_dtype is not None:
+        choice(grad_reduce_dtype, tuple(GRAD_REDUCE_DTYPES), "--grad-reduce-dtype")
     split = parse_layers_per_stage(layers_per_stage) if layers_per_stage is not None else None
+    run_stack = load_stack(stack)
     spec = load_model(model)
     hw = load_cluster(cluster)
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
-                    precision=precision, layers_per_stage=split, flash_attention=flash_attention,
-                    overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                    tp_comm_overlap=tp_comm_overlap, grad_reduce_bytes=GRAD_REDUCE_DTYPES[grad_reduce_dtype])
+                    precision=precision, layers_per_stage=split)
+    cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
+                          overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
+                          grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))
     est = estimate_config(spec, hw, cfg)
     if json_out:
-        typer.echo(dumps(plan_dict(spec, hw.name, cfg, est)), nl=False)
+        typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name}), nl=False)
         return
     print_estimate(console(), est, cfg, f"{spec.name} on {gpus} x {hw.gpu.name} ({hw.name})")

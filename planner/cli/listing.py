@@ -16,7 +16,7 @@ from planner.export import megatron, torchtitan
 from planner.specs.hardware import GB, GIB, TFLOPS, load_cluster, shipped_clusters
 from planner.specs.model import load_model, shipped_models
 
-KINDS = ("models", "clusters", "schedules")
+KINDS = ("models", "clusters", "schedules", "stacks")
 BILLION = 1e9
 
 
@@ -70,7 +70,26 @@ def schedule_rows() -> list[dict[str, Any]]:
              "launchers": schedule_launchers(s.name), "description": s.description} for s in SCHEDULES.values()]
 
 
-ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_rows}
+def stack_rows() -> list[dict[str, Any]]:
+    from planner.specs.stack import DEFAULT_STACK, load_stack, shipped_stacks
+
+    out = []
+    for name in shipped_stacks():
+        try:
+            s = load_stack(name)
+        except PlannerError as e:
+            out.append({"name": name, "error": e.reason})
+            continue
+        opts = [k for k in ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+                if getattr(s, k)] + [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"]
+        out.append({"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
+                    "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
+                    "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
+                    "description": s.description})
+    return out
+
+
+ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_rows, "stacks": stack_rows}
 #: column key -> (header, format)
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "models": [("name", "name", "{}"), ("model_type", "type", "{}"), ("params_b", "params (B)", "{:.1f}"),
@@ -84,16 +103,18 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                  ("max_gpus", "max GPUs", "{}")],
     "schedules": [("name", "name", "{}"), ("virtual_stages", "virtual stages", "{}"),
                   ("launchers", "launchers", "{}"), ("description", "description", "{}")],
+    "stacks": [("name", "name", "{}"), ("launcher", "launcher", "{}"), ("options", "options", "{}"),
+               ("schedules", "schedules", "{}"), ("zero_stages", "ZeRO", "{}"), ("cp_kinds", "CP", "{}")],
 }
 
 
 @app.command("list")
 @handle_errors
 def list_(
-    what: str = typer.Argument(..., help="models | clusters | schedules", show_default=False),
+    what: str = typer.Argument(..., help="models | clusters | schedules | stacks", show_default=False),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table"),
 ) -> None:
-    """Show the shipped model specs, hardware profiles or pipeline schedules."""
+    """Show the shipped model specs, hardware profiles, pipeline schedules or training stacks."""
     choice(what, KINDS, "list")
     rows = ROWS[what]()
     if json_out:
@@ -102,7 +123,9 @@ def list_(
     t = Table(title=f"Shipped {what}")
     cols = COLUMNS[what]
     for _, header, _ in cols:
-        t.add_column(header, justify="left" if header in ("name", "type", "GPU", "description", "launchers") else "right")
+        t.add_column(header, justify="left" if header in ("name", "type", "GPU", "description", "launchers",
+                                                          "launcher", "options", "schedules", "ZeRO", "CP")
+                     else "right")
     for row in rows:
         if "error" in row:
             t.add_row(row["name"], f"[red]{row['error']}[/]", *([""] * (len(cols) - 2)))

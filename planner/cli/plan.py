@@ -11,8 +11,12 @@ from rich.table import Table
 from planner.cli.app import app, choice, console, handle_errors
 from planner.cli.render import print_estimate
 from planner.errors import PlannerError
-from planner.plan import Plan, search_plans
+from planner.plan import Plan, dumps, search_plans
 from planner.specs.config import PRECISIONS
+from planner.specs.stack import DEFAULT_STACK, LAUNCHER_STACKS, load_stack
+
+#: --stack value that searches everything the cost model knows, whatever runs it
+ANY_STACK = "any"
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
@@ -115,6 +119,9 @@ def plan(
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
+    stack: str = typer.Option(None, "--stack", help=f"Training stack: search exactly what it runs, with its runtime "
+                                                    f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
+                                                    f"--emit L's stack; 'any' searches everything the model knows)"),
 ) -> None:
     """Find the fastest (or smallest) configuration: every valid TP, PP, DP, CP, EP, virtual stages, micro-batch,
     schedule, recomputation, SP and ZeRO stage, searched exhaustively with provable pruning."""
@@ -125,14 +132,21 @@ def plan(
         raise PlannerError("--json and --emit would both print to stdout", source="--emit",
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
+    if emit is not None:
+        from planner.export import TARGETS
+        if emit not in TARGETS:
+            raise PlannerError(f"unknown launcher '{emit}'", source="--emit", fix=f"use one of: {', '.join(TARGETS)}")
+    stack_name = stack or (LAUNCHER_STACKS[emit] if emit is not None else DEFAULT_STACK)
+    run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
     hw = load_cluster(cluster)
-    if emit is not None:  # search only what the launcher can run, so that the export cannot be refused
+    if emit is not None or run_stack is not None:  # search only what the stack / launcher runs
         from planner.export import plan_for_launcher
 
-        result = plan_for_launcher(spec, hw, gpus, global_batch, seq_len, emit, top_k=top, objective=objective,
-                                   max_memory_gib=max_memory_gib, refine_partition=not no_partition, option="--emit",
-                                   precision=precision)
+        target = emit or run_stack.launcher
+        result = plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
+                                   max_memory_gib=max_memory_gib, refine_partition=not no_partition,
+                                   option="--emit" if emit else "--stack", precision=precision, stack=run_stack)
     else:
         from planner.search.space import SearchSpace
 
@@ -144,7 +158,7 @@ def plan(
 
         write_export(result.to_dict(), emit, out, source="plan", option="--emit")
     if json_out:
-        typer.echo(result.to_json(timings=timings), nl=False)
+        typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name}), nl=False)
         return
     if emit is not None and out is None:
         return  # the launcher config went to stdout

@@ -54,6 +54,16 @@ def result_table(df: Any) -> Table:
     return t
 
 
+def _sweep_stack(stack: str | None, launcher: str | None) -> str | None:
+    """The CLI's stack: the given one ('any': none), else the launcher's, else the default stack."""
+    from planner.specs.stack import DEFAULT_STACK, LAUNCHER_STACKS
+    if stack == "any":
+        return None
+    if stack is not None:
+        return stack
+    return LAUNCHER_STACKS.get(launcher, DEFAULT_STACK) if launcher is not None else DEFAULT_STACK
+
+
 @app.command()
 @handle_errors
 def sweep(
@@ -68,6 +78,8 @@ def sweep(
     launcher: str = typer.Option(None, "--launcher", help="Only plans this launcher runs: megatron | torchtitan | "
                                                           "deepspeed | nemo"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision: bf16 | fp16 | fp8 | mxfp8"),
+    stack: str = typer.Option(None, "--stack", help="Training stack (default megatron-core, or --launcher's; 'any': "
+                                                    "everything the model knows)"),
     jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
     csv: Path = typer.Option(None, "--csv", help="Write every row to this CSV file"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table (with --csv)"),
@@ -96,7 +108,8 @@ def sweep(
     with progress:
         task = progress.add_task("sweep", total=total)
         df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
-                       max_memory_gib=max_memory_gib, launcher=launcher, precision=precision, processes=jobs,
+                       max_memory_gib=max_memory_gib, launcher=launcher, precision=precision,
+                       stack=_sweep_stack(stack, launcher), processes=jobs,
                        progress=lambda done, _total: progress.update(task, completed=done))
     if csv is not None:
         try:

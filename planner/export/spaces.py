@@ -48,17 +48,54 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
             replace(base, max_pp=1, cp_kinds=cp_kinds)]
 
 
+def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16") -> list[Any]:
+    """The search spaces of what ``stack`` (a ``planner.specs.stack.Stack``) runs, exported to ``target`` (default:
+    the stack's own launcher): the launcher's spaces narrowed to the stack's schedules, ZeRO stages, CP kinds and TP
+    overlap choices, with the stack's runtime options. Names the stack file gives that are unknown here are refused
+    naming its field."""
+    from planner.cost.schedule import SCHEDULES
+
+    target = target or stack.launcher
+    if stack.launcher not in TARGETS:
+        raise PlannerError(f"unknown launcher '{stack.launcher}'", source=f"stack {stack.name}", field="launcher",
+                           fix=f"use one of: {', '.join(TARGETS)}")
+    unknown = [x for x in stack.schedules if x not in SCHEDULES]
+    if unknown:
+        raise PlannerError(f"unknown schedule '{unknown[0]}'", source=f"stack {stack.name}", field="runs.schedules",
+                           fix=f"use schedules of `planner list schedules`: {', '.join(SCHEDULES)}")
+    out = []
+    for space in launcher_spaces(target, "--stack", precision):
+        narrowed = replace(
+            space, schedules=tuple(x for x in space.schedules if x in stack.schedules),
+            zero_stages=tuple(z for z in space.zero_stages if z in stack.zero_stages),
+            cp_kinds=tuple(k for k in space.cp_kinds if k in stack.cp_kinds) or space.cp_kinds[:1],
+            max_cp=space.max_cp if stack.cp_kinds else 1,
+            tp_comm_overlap=tuple(v for v in space.tp_comm_overlap if v in stack.tp_comm_overlap_choices) or (False,),
+            flash_attention=(stack.flash_attention,), overlap_grad_reduce=(stack.overlap_grad_reduce,),
+            overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,))
+        if narrowed.schedules and narrowed.zero_stages and narrowed.cp_kinds:
+            out.append(narrowed)
+    if not out:
+        raise PlannerError(f"stack {stack.name} runs nothing {target} can run", source="--stack",
+                           fix=f"use the stack's own launcher ({stack.launcher}) or another stack")
+    return out
+
+
 def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size: int, seq_len: int, target: str, *,
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
-                      refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16") -> Any:
-    """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``; InfeasibleError when none
-    fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
+                      refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
+                      stack: Any = None) -> Any:
+    """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
+    runs if one is given; InfeasibleError when none fits. ``refine_partition=False`` keeps the even layer split
+    (``planner plan --even-split``)."""
     from planner.plan import search_plans
     from planner.search.engine import objective_key
 
-    spaces = launcher_spaces(target, option, precision)
+    spaces = (stack_spaces(stack, target, precision) if stack is not None
+              else launcher_spaces(target, option, precision))
     found = []
     reasons = []
+    fixes = []
     for space in spaces:
         for refine in ((True, False) if refine_partition else (False,)):
             try:
@@ -67,6 +104,7 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                                     refine_partition=refine)
             except InfeasibleError as e:
                 reasons.append(e.reason)
+                fixes.append(e.fix)
                 break  # the refinement only changes a found plan; nothing fits this space
             try:
                 export(plan, target)
@@ -76,7 +114,11 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
             found.append(plan)
             break
     if not found:
-        raise InfeasibleError(f"no plan that {target} can run fits: {reasons[0] if reasons else 'empty space'}",
-                              source=f"{option} {target}",
-                              fix="try another launcher (torchtitan runs the most schedules) or more GPUs")
+        runner = f"stack {stack.name}" if stack is not None else target
+        fix = "; ".join(f for f in fixes[:1] if f)
+        other = "another stack (--stack any: everything the model knows)" if stack is not None else \
+            "another launcher (torchtitan runs the most schedules)"
+        raise InfeasibleError(f"no plan that {runner} can run fits: {reasons[0] if reasons else 'empty space'}",
+                              source=f"{option} {stack.name if stack is not None else target}",
+                              fix=f"{fix}; or {other}" if fix else f"{other}, or more GPUs")
     return min(found, key=lambda p: objective_key(p.estimate, objective))

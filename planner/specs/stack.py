@@ -1,0 +1,129 @@
+"""Training stacks as data: what software runs the job, the runtime options it sets, and what it can run.
+
+A stack file (``stacks/*.json``, or a path) names the launcher it exports to, the runtime options it runs with by
+default (``options``: fused attention, overlap of gradient reduction and parameter gather, TP communication overlap,
+gradient-reduction dtype) and what it can run (``runs``: pipeline schedules, ZeRO stages, context-parallel kinds,
+TP communication overlap), each with its source. ``planner estimate --stack S`` takes S's options unless a flag
+overrides one; ``planner plan --stack S`` searches exactly what S runs (``planner.export.stack_spaces``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.specs.config import CP_KINDS, ZERO_STAGES, RunConfig
+from planner.specs.model import _data_dir, _resolve, read_json_file
+
+#: the stack a command uses when none is given: what NeMo and Megatron-Bridge recipes run
+DEFAULT_STACK = "megatron-core"
+#: --grad-reduce-dtype values and the bytes per element they mean
+GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
+#: the option fields of a stack file
+OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+               "grad_reduce_dtype")
+#: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
+LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
+                   "deepspeed": "deepspeed"}
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    description: str
+    launcher: str
+    flash_attention: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    tp_comm_overlap: bool
+    grad_reduce_bytes: int
+    schedules: tuple[str, ...]
+    zero_stages: tuple[int, ...]
+    cp_kinds: tuple[str, ...]
+    tp_comm_overlap_choices: tuple[bool, ...]
+    source: str = ""
+
+    def options(self) -> dict[str, Any]:
+        """The RunConfig runtime options this stack runs with."""
+        return {"flash_attention": self.flash_attention, "overlap_grad_reduce": self.overlap_grad_reduce,
+                "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
+                "grad_reduce_bytes": self.grad_reduce_bytes}
+
+    def apply(self, cfg: RunConfig, **overrides: Any) -> RunConfig:
+        """``cfg`` with the stack's runtime options, then the given overrides (None: keep the stack's); TP overlap
+        only where it can run (TP > 1 with sequence parallelism, Megatron-Core's rule)."""
+        opts = self.options()
+        opts.update({k: v for k, v in overrides.items() if v is not None})
+        if "tp_comm_overlap" not in overrides or overrides["tp_comm_overlap"] is None:
+            opts["tp_comm_overlap"] = opts["tp_comm_overlap"] and cfg.tp > 1 and cfg.sequence_parallel
+        return cfg.with_(**opts)
+
+
+def stacks_dir() -> Path:
+    return _data_dir("stacks")
+
+
+def shipped_stacks() -> list[str]:
+    return sorted(p.stem for p in stacks_dir().glob("*.json"))
+
+
+def load_stack(name_or_path: str) -> Stack:
+    path = _resolve(name_or_path, stacks_dir(), "--stack", "stack",
+                    f"use a stack file path or one of: {', '.join(shipped_stacks())}")
+    return stack_from_dict(read_json_file(path, "stack"), source=str(path))
+
+
+def _bool(d: dict, key: str, source: str, section: str) -> bool:
+    v = d.get(key)
+    if not isinstance(v, bool):
+        raise PlannerError(f"must be true or false, got {v!r}", source=source, field=f"{section}.{key}")
+    return v
+
+
+def _list(d: dict, key: str, allowed: tuple | None, source: str, kind: type = str) -> tuple:
+    """A list field of ``runs``; ``allowed`` None: any values of ``kind`` (checked where they are used)."""
+    v = d.get(key)
+    if not isinstance(v, list) or any(type(x) is not kind or (allowed is not None and x not in allowed) for x in v):
+        what = ", ".join(map(str, allowed)) if allowed is not None else f"{kind.__name__} values"
+        raise PlannerError(f"must be a list of {what}", source=source, field=f"runs.{key}")
+    return tuple(v)
+
+
+def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
+    """A stack from its JSON. Names that belong to later layers (schedules, the launcher) are checked where they
+    are used (``planner.export.stack_spaces``), so that specs depend on nothing above them."""
+    if not isinstance(data, dict):
+        raise PlannerError("top level must be a JSON object", source=source, fix="see stacks/*.json")
+    opts, runs = data.get("options"), data.get("runs")
+    if not isinstance(opts, dict):
+        raise PlannerError("missing or not an object", source=source, field="options")
+    if not isinstance(runs, dict):
+        raise PlannerError("missing or not an object", source=source, field="runs")
+    launcher = data.get("launcher")
+    if not isinstance(launcher, str):
+        raise PlannerError(f"must be a launcher name, got {launcher!r}", source=source, field="launcher")
+    dtype = opts.get("grad_reduce_dtype")
+    if dtype not in GRAD_REDUCE_DTYPES:
+        raise PlannerError(f"must be one of {', '.join(GRAD_REDUCE_DTYPES)}, got {dtype!r}", source=source,
+                           field="options.grad_reduce_dtype")
+    schedules = _list(runs, "schedules", None, source)
+    if not schedules:
+        raise PlannerError("needs at least one schedule", source=source, field="runs.schedules")
+    zero_stages = _list(runs, "zero_stages", ZERO_STAGES, source, int)
+    if not zero_stages:
+        raise PlannerError("needs at least one ZeRO stage", source=source, field="runs.zero_stages")
+    tpo_choices = _list(runs, "tp_comm_overlap", (True, False), source, bool)
+    tpo = _bool(opts, "tp_comm_overlap", source, "options")
+    if tpo and True not in tpo_choices:
+        raise PlannerError("the stack sets tp_comm_overlap but its runs.tp_comm_overlap does not allow it",
+                           source=source, field="options.tp_comm_overlap")
+    return Stack(
+        name=str(data.get("name", Path(source).stem)), description=str(data.get("description", "")),
+        launcher=launcher, flash_attention=_bool(opts, "flash_attention", source, "options"),
+        overlap_grad_reduce=_bool(opts, "overlap_grad_reduce", source, "options"),
+        overlap_param_gather=_bool(opts, "overlap_param_gather", source, "options"), tp_comm_overlap=tpo,
+        grad_reduce_bytes=GRAD_REDUCE_DTYPES[dtype], schedules=schedules, zero_stages=zero_stages,
+        cp_kinds=_list(runs, "cp_kinds", CP_KINDS, source) if runs.get("cp_kinds") else (),
+        tp_comm_overlap_choices=tpo_choices or (False,), source=str(data.get("options_source", "")))
