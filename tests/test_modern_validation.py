@@ -88,3 +88,27 @@ def test_fp8_group_after_the_fit():
     fp8 = [abs(r.error) for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups
            and "MoE" not in r.groups]
     assert max(fp8) < 0.12
+
+
+def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
+    """Issue 9, 'say how sure it is': the shipped bands are what the validation sets give now (regenerate with
+    `python -m planner.validation.bands --write`), an estimate carries its cell's band or the nearest coarser one,
+    and a plan says whether its runner-up is within it."""
+    from planner.validation.bands import BANDS_FILE, band_for, compute_bands
+
+    stored = json.loads(BANDS_FILE.read_text())
+    assert stored["bands"] == compute_bands()["bands"]
+    exact = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False)
+    assert exact.exact and exact.rows == 4 and exact.label == "H100 / H800, fp8, dense"
+    assert band_for("NVIDIA A100 80GB SXM4", "bf16", moe=False).mean_abs_error < 0.04
+    coarse = band_for("NVIDIA H800", "bf16", moe=True)
+    assert coarse.rows >= 1
+    mi300 = band_for("AMD Instinct MI300X", "bf16", moe=False)
+    assert not mi300.exact and mi300.label.startswith(("any GPU", "every"))
+    r = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "16",
+                                 "--global-batch", "64", "--seq-len", "8192", "--precision", "fp8", "--json"])
+    assert r.exit_code == 0, r.output
+    acc = json.loads(r.stdout)["accuracy"]
+    assert acc["group"] == "H100 / H800, fp8, dense" and isinstance(acc["runner_up_within_band"], bool)
+    from planner.schema import validate_plan_json
+    validate_plan_json(json.loads(r.stdout), "plan")

@@ -12,6 +12,7 @@ from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict
 from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, RunConfig
 from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
+from planner.validation.bands import band_for
 
 
 def parse_layers_per_stage(text: str) -> tuple[int, ...]:
@@ -94,7 +95,10 @@ def estimate(
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))
     est = estimate_config(spec, hw, cfg)
+    accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe).to_dict()
     if json_out:
-        typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name}), nl=False)
+        typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name, "accuracy": accuracy}),
+                   nl=False)
         return
-    print_estimate(console(), est, cfg, f"{spec.name} on {gpus} x {hw.gpu.name} ({hw.name})")
+    print_estimate(console(), est, cfg, f"{spec.name} on {gpus} x {hw.gpu.name} ({hw.name}), stack {run_stack.name}",
+                   accuracy)

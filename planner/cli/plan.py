@@ -14,6 +14,7 @@ from planner.errors import PlannerError
 from planner.plan import Plan, dumps, search_plans
 from planner.specs.config import PRECISIONS
 from planner.specs.stack import DEFAULT_STACK, LAUNCHER_STACKS, load_stack
+from planner.validation.bands import band_for
 
 #: --stack value that searches everything the cost model knows, whatever runs it
 ANY_STACK = "any"
@@ -87,10 +88,25 @@ def search_line(stats: dict) -> str:
             f"{stats['exact_evaluations']:,} estimated exactly")
 
 
-def print_plan(con: Console, plan: Plan, objective: str, title: str) -> None:
-    print_estimate(con, plan.estimate, plan.config, title)
+def tie_note(plan: Plan, accuracy: dict) -> str:
+    """Whether the winner's margin over the runner-up is inside the model's error band (a tie under the model's
+    accuracy), or outside it."""
+    if not plan.alternatives:
+        return ""
+    margin = plan.alternatives[0].estimate.step_time_s / plan.estimate.step_time_s - 1
+    band = accuracy["mean_abs_error"]
+    if margin < band:
+        return (f"#1 leads #2 by {100 * margin:.1f}%, inside the model's ±{100 * band:.1f}% error band on such "
+                f"runs: a tie under the model's accuracy; choose between them on other grounds (or measure both)")
+    return f"#1 leads #2 by {100 * margin:.1f}%, more than the model's ±{100 * band:.1f}% error band on such runs"
+
+
+def print_plan(con: Console, plan: Plan, objective: str, title: str, accuracy: dict | None = None) -> None:
+    print_estimate(con, plan.estimate, plan.config, title, accuracy)
     con.print(plans_table(plan, objective))
     con.print(f"[bold]Why #1:[/] {why_best(plan, objective)}")
+    if accuracy and objective == "time" and plan.alternatives:
+        con.print(tie_note(plan, accuracy))
     stats = plan.search or {}
     if stats:
         con.print(search_line(stats))
@@ -157,15 +173,19 @@ def plan(
         from planner.cli.export import write_export
 
         write_export(result.to_dict(), emit, out, source="plan", option="--emit")
+    accuracy = band_for(hw.gpu.name, precision, spec.is_moe).to_dict()
+    if result.alternatives:
+        margin = result.alternatives[0].estimate.step_time_s / result.estimate.step_time_s - 1
+        accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]
     if json_out:
-        typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name}), nl=False)
+        typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name, "accuracy": accuracy}), nl=False)
         return
     if emit is not None and out is None:
         return  # the launcher config went to stdout
     limit = f", at most {max_memory_gib:g} GiB per GPU" if max_memory_gib is not None else ""
     print_plan(console(), result, objective,
                f"Best plan: {spec.name} on {gpus} x {hw.gpu.name} ({hw.name}), global batch {global_batch}, "
-               f"sequence {seq_len}{limit}")
+               f"sequence {seq_len}{limit}, stack {stack_name}", accuracy)
 
 
 __all__ = ["plan", "plans_table", "why_best"]

@@ -84,9 +84,21 @@ def stage_table(est: Estimate) -> Table:
     return t
 
 
-def print_estimate(console: Console, est: Estimate, cfg: RunConfig, header: str) -> None:
+def accuracy_line(accuracy: dict | None) -> str:
+    """How sure the estimate is, from the validation residuals of runs like it (``validation.bands``)."""
+    if not accuracy:
+        return ""
+    how = "runs like this one" if accuracy["same_kind_of_run"] else "the nearest validated runs"
+    return (f"model accuracy on published {how} ({accuracy['group']}, {accuracy['rows']} rows): "
+            f"±{100 * accuracy['mean_abs_error']:.1f}% mean error in throughput")
+
+
+def print_estimate(console: Console, est: Estimate, cfg: RunConfig, header: str,
+                   accuracy: dict | None = None) -> None:
     console.print(f"[bold]{header}[/]")
     console.print(config_line(cfg))
     console.print(summary_table(est.to_dict(with_stages=False)))
+    if accuracy:
+        console.print(accuracy_line(accuracy))
     console.print(time_table(est))
     console.print(stage_table(est))

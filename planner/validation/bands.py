@@ -1,0 +1,115 @@
+"""How sure an estimate is: the error the model makes on published runs like it.
+
+    python -m planner.validation.bands           # print the bands from the validation sets
+    python -m planner.validation.bands --write   # store them in error_bands.json (what estimates read)
+
+A band is the mean absolute error of one cell of the validation residuals: GPU family (A100: the papers' set;
+H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit) and dense or MoE. An estimate takes the
+band of its cell, or of the nearest coarser cell that has rows (GPU family and precision, then precision, then
+every modern row), and says which it took. The bands are data computed from the sets (a test recomputes them), so
+they move when the model or the sets do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+BANDS_FILE = Path(__file__).with_name("error_bands.json")
+
+
+@dataclass(frozen=True)
+class Band:
+    label: str  # which rows: e.g. "H100 / H800, fp8, dense"
+    mean_abs_error: float
+    rows: int
+    exact: bool  # the estimate's own cell (False: a coarser one, or none of this GPU)
+
+    def to_dict(self) -> dict:
+        return {"group": self.label, "mean_abs_error": self.mean_abs_error, "rows": self.rows,
+                "same_kind_of_run": self.exact}
+
+
+def gpu_family(gpu_name: str) -> str | None:
+    name = gpu_name.upper()
+    for key, family in (("A100", "A100"), ("H100", "H100 / H800"), ("H200", "H100 / H800"),
+                        ("H800", "H100 / H800"), ("GB200", "B200"), ("B200", "B200")):
+        if key in name:
+            return family
+    return None
+
+
+def precision_class(precision: str) -> str:
+    return "fp8" if precision in ("fp8", "mxfp8") else "16-bit"
+
+
+def compute_bands() -> dict:
+    """Every cell's rows and mean |error|, from the papers' set and the modern set."""
+    from planner.specs.model import load_model
+    from planner.validation.compare import load_modern_runs, modern_model_ref, validate, validate_modern
+
+    cells: dict[tuple[str, str, str], list[tuple[str, float]]] = {}
+    for row in validate():
+        if row.heldout:
+            continue  # the held-out Llama 3 rows check generalization; they are not a band
+        cells.setdefault(("A100", "16-bit", "dense"), []).append((row.id, row.error))
+    runs = {r["id"]: r for r in load_modern_runs()}
+    for row in validate_modern():
+        if row.estimated is None:
+            continue
+        run = runs[row.id]
+        moe = "MoE" if load_model(modern_model_ref(run)).is_moe else "dense"
+        key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), moe)
+        cells.setdefault(key, []).append((row.id, row.error))
+    return {"bands": [{"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v],
+                       "mean_abs_error": round(statistics.mean(abs(e) for _, e in v), 4)}
+                      for k, v in sorted(cells.items())]}
+
+
+def _load() -> list[dict]:
+    return json.loads(BANDS_FILE.read_text())["bands"]
+
+
+def band_for(gpu_name: str, precision: str, moe: bool) -> Band:
+    """The band of an estimate of a run on this GPU at this precision, dense or MoE."""
+    bands = _load()
+    family, prec, kind = gpu_family(gpu_name), precision_class(precision), "MoE" if moe else "dense"
+
+    def pooled(cells: list[dict], label: str, exact: bool) -> Band | None:
+        if not cells:
+            return None
+        n = sum(len(c["rows"]) for c in cells)
+        mean = sum(c["mean_abs_error"] * len(c["rows"]) for c in cells) / n
+        return Band(label, round(mean, 4), n, exact)
+
+    modern = [b for b in bands if b["gpu"] != "A100"]
+    for cells, label, exact in (
+            ([b for b in bands if (b["gpu"], b["precision"], b["kind"]) == (family, prec, kind)],
+             f"{family}, {prec}, {kind}", True),
+            ([b for b in bands if (b["gpu"], b["precision"]) == (family, prec)], f"{family}, {prec}", False),
+            ([b for b in modern if b["precision"] == prec and b["kind"] == kind], f"any GPU, {prec}, {kind}", False),
+            (modern, "every modern run", False)):
+        band = pooled(cells, label, exact)
+        if band is not None:
+            return band
+    raise ValueError("no validation bands")  # the shipped file always has rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--write", action="store_true", help=f"store the bands in {BANDS_FILE.name}")
+    args = ap.parse_args()
+    data = compute_bands()
+    for b in data["bands"]:
+        print(f"{b['gpu']:12s} {b['precision']:7s} {b['kind']:6s} {len(b['rows']):2d} rows  "
+              f"mean |error| {100 * b['mean_abs_error']:.1f}%")
+    if args.write:
+        data["generated_by"] = "python -m planner.validation.bands --write"
+        BANDS_FILE.write_text(json.dumps(data, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
