@@ -97,3 +97,17 @@ def test_launchers_are_told_the_precision_or_refuse_it():
     fp16 = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, precision="fp16")
     assert "--fp16" in megatron.arguments(fp16) and "--bf16" not in megatron.arguments(fp16)
     assert json.loads(deepspeed.render(fp16))["fp16"] == {"enabled": True}
+
+
+def test_gb200_nvl72_is_one_72_gpu_nvlink_domain():
+    """GB200 NVL72 (issue 9): the datasheet's per-GPU dense peaks, and groups of up to 72 GPUs stay on NVLink where
+    an 8-GPU HGX B200 node sends them over the NIC."""
+    from planner.cost import comm
+
+    gb = load_cluster("gb200-nvl72")
+    assert gb.gpus_per_node == 72 and gb.gpu.peak_flops == 2500e12
+    assert float(gb.gpu.tensor_speedup("mxfp8")) == pytest.approx(2.0)
+    assert not bool(comm.place_group(16, 4, gb.gpus_per_node).spans_nodes)  # CP 16 over TP 4: 64 GPUs
+    assert bool(comm.place_group(16, 4, B200.gpus_per_node).spans_nodes)
+    cfg = RunConfig(num_gpus=64, tp=4, cp=16, seq_len=131072, global_batch_size=1, precision="mxfp8")
+    assert estimate(L8B, gb, cfg).step_time_s < estimate(L8B, B200, cfg).step_time_s
