@@ -279,3 +279,51 @@ def test_qwen2_moe_shared_expert_width_is_read():
     assert active_params(m) / 1e9 == pytest.approx(2.7, rel=0.01)
     with pytest.raises(PlannerError):
         model_from_config(dict(cfg, shared_expert_intermediate_size=5000))
+
+
+# ---- expert tensor parallelism as its own degree (issue 10, part) ------------------------------------------------
+def test_expert_tp_equal_to_tp_is_the_default_and_etp_1_drops_the_expert_tp_collectives():
+    from planner.cost.moe import ep_layer_cost as ep_cost
+    from planner.specs.config import RunConfig as Cfg
+
+    cfg = Cfg(num_gpus=1024, tp=2, pp=8, ep=64, global_batch_size=8192, seq_len=4096, sequence_parallel=True)
+    same = estimate(DSV3, H100, cfg.with_(etp=2), check=True)
+    assert same.step_time_s == estimate(DSV3, H100, cfg).step_time_s
+    folded = cfg.with_(etp=1)
+    g = comm.groups_for(H100, 2, 1, folded.dp, 8, 64, 1)
+    assert float(ep_cost(DSV3, H100, folded, g.ep, g.etp).expert_tp_s) == 0.0
+    g2 = comm.groups_for(H100, 2, 1, cfg.dp, 8, 64)
+    assert float(ep_cost(DSV3, H100, cfg, g2.ep, g2.tp).expert_tp_s) > 0.0
+    # experts split over ep x etp: twice the expert weights per GPU with etp 1
+    a, b = estimate(DSV3, H100, folded), estimate(DSV3, H100, cfg)
+    assert a.stages[3].params_expert == pytest.approx(2 * b.stages[3].params_expert)
+
+
+def test_moe_parallel_folding_accepts_ep_over_tp_ranks():
+    """Megatron-Core's MoE parallel folding: EP x expert TP divides TP x CP x DP (Qwen3-235B's recipe: TP 2, PP 8,
+    EP 32 on 256 GPUs, DP 16, expert TP 1); with expert TP = TP the rule is Megatron's old one, EP divides DP x CP."""
+    from planner.cost.validity import config_problems
+    from planner.specs.config import RunConfig as Cfg
+    from planner.validation.compare import load_modern_runs, modern_model_ref
+
+    run = next(r for r in load_modern_runs() if r["id"] == "MB2511-H100-Qwen3-235B")
+    qwen = load_model(modern_model_ref(run))
+    cfg = Cfg(num_gpus=256, tp=2, pp=8, vpp=4, ep=32, etp=1, global_batch_size=2048, seq_len=4096,
+              schedule="interleaved-1f1b", layers_per_stage=tuple(run["layout"]["layers_per_stage"]))
+    assert not config_problems(qwen, H100, cfg)
+    problems = config_problems(qwen, H100, cfg.with_(etp=None))
+    assert problems[0][0] == "ep" and "ep*etp" in problems[0][1]
+    assert config_problems(qwen, H100, cfg.with_(etp=16))[0][0] == "etp"
+
+
+def test_exporters_write_the_expert_tp_degree():
+    from planner.export import megatron, nemo, torchtitan
+    from tests.test_export import config_only_plan
+
+    plan = config_only_plan("mixtral-8x7b", num_gpus=64, tp=2, ep=8, etp=1, global_batch_size=64,
+                            sequence_parallel=True, zero_stage=1)
+    assert plan["parallelism"]["etp"] == 1
+    args = megatron.arguments(plan)
+    assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"
+    assert nemo.strategy_kwargs(plan)["expert_tensor_parallel_size"] == 1
+    assert torchtitan.sections(plan)["parallelism"]["expert_tensor_parallel_degree"] == 1

@@ -40,7 +40,8 @@ def estimate(
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree"),
     cp: int = typer.Option(1, "--cp", help="Context-parallel degree"),
     cp_kind: str = typer.Option("ring", "--cp-kind", help="Context parallelism: ring (Megatron CP) | ulysses"),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE models; divides DP x CP)"),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE models; ep x etp divides tp x cp x dp)"),
+    etp: int = typer.Option(None, "--etp", help="Expert tensor-parallel degree (MoE models; default: --tp)"),
     vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages (model chunks) per pipeline rank"),
     global_batch: int = typer.Option(..., "--global-batch", help="Global batch size in sequences"),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size in sequences"),
@@ -90,7 +91,7 @@ def estimate(
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
-                    precision=precision, layers_per_stage=split)
+                    precision=precision, layers_per_stage=split, etp=etp)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))

@@ -112,16 +112,19 @@ class Groups:
     cp: GroupPlacement
     ep: GroupPlacement
     pp_spans_nodes: bool | np.ndarray  # a pipeline send crosses the NIC (else the intra-node link)
+    etp: GroupPlacement | None = None  # expert TP (None: the TP group)
 
 
-def groups_for(cluster: Cluster, tp, cp, dp, pp, ep=1) -> Groups:
+def groups_for(cluster: Cluster, tp, cp, dp, pp, ep=1, etp=None) -> Groups:
     """Placement of each group under Megatron's default rank order tp-cp-ep-dp-pp (numbers, or arrays over a
-    batch). The data-parallel groups, DP x CP for dense and DP x CP / EP for expert weights, are placed by
-    :func:`planner.cost.data_parallel.dp_groups`."""
+    batch); the MoE layers' own grid (Megatron-Core's parallel folding) is etp-ep-edp, so the EP group is spaced
+    expert-TP apart (TP when ``etp`` is None, the default). The data-parallel groups, DP x CP for dense and the
+    expert-data-parallel group for expert weights, are placed by :func:`planner.cost.data_parallel.dp_groups`."""
     gpn = cluster.gpus_per_node
     tp, cp = np.asarray(tp), np.asarray(cp)
+    etp = tp if etp is None else np.asarray(etp)
     # every rank's send is costed alike, so the slowest hop sets the link (as for the CP ring): NVLink only when
     # the whole pipeline sits in one node
     spans = (np.asarray(pp) > 1) & (tp * cp * np.asarray(dp) * np.asarray(pp) > gpn)
-    return Groups(tp=place_group(tp, 1, gpn), cp=place_group(cp, tp, gpn), ep=place_group(ep, tp, gpn),
-                  pp_spans_nodes=spans)
+    return Groups(tp=place_group(tp, 1, gpn), cp=place_group(cp, tp, gpn), ep=place_group(ep, etp, gpn),
+                  pp_spans_nodes=spans, etp=place_group(etp, 1, gpn))

@@ -123,13 +123,16 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
         k = model.experts_per_token
         f = model.moe_ffn_hidden_size
         ops.append(_gemm("router", T / sp, h, model.num_experts))  # each TP rank routes its own SP shard
-        # routed experts (Megatron-Core MoE, expert TP = TP): after the EP all-to-all and the TP all-gather each
-        # GPU holds, with balanced routing, T*k token copies spread over its E/ep local experts, and runs them as a
-        # grouped GEMM of E/ep GEMMs of m_e = T k ep / E tokens each (the size that sets the GEMM efficiency)
+        # routed experts (Megatron-Core MoE): after the EP all-to-all and the expert-TP all-gather each GPU holds,
+        # with balanced routing, the k copies of its expert-TP group's tokens (T etp / tp with SP: the group's
+        # sequence shards; T without SP, where TP ranks hold the same tokens and expert TP = TP) spread over its
+        # E/ep local experts, and runs them as a grouped GEMM of E/ep GEMMs of m_e = T k ep / E x etp / tp tokens
+        # each (the size that sets the GEMM efficiency), each expert's matrices split over the etp ranks
+        etp = cfg.expert_tp
         local = model.num_experts / cfg.ep
-        m_e = T * k / local
-        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / t, cfg, batch=local)
-        ops += _linear("experts_out", m_e, f / t, h, cfg, batch=local)
+        m_e = T * k / local * np.where(cfg.sequence_parallel, etp / t, 1.0)
+        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local)
+        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local)
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
             ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg)

@@ -37,17 +37,20 @@ def exposed_s(comm_s, window_s, interference: float):
     return comm_s - hidden + hidden * interference
 
 
-def expert_dp_degree(dp, cp, ep):
-    """Ranks an expert's weights are replicated over (and ZeRO shards them over): DP x CP / EP, at least 1."""
-    return np.maximum(1, np.asarray(dp) * cp // ep)
+def expert_dp_degree(dp, cp, ep, tp=1, etp=None):
+    """Ranks an expert's weights are replicated over (and ZeRO shards them over), Megatron-Core's expert-data-
+    parallel group: TP x CP x DP / (EP x expert TP) (DP x CP / EP when expert TP = TP), at least 1."""
+    etp = tp if etp is None else etp
+    return np.maximum(1, np.asarray(dp) * cp * tp // (np.asarray(ep) * etp))
 
 
-def dp_groups(cluster: Cluster, tp, cp, dp, ep) -> tuple[comm.GroupPlacement, comm.GroupPlacement]:
-    """(dense, expert) data-parallel groups under the rank order tp-cp-ep-dp-pp: DP x CP ranks spaced TP apart, and
-    DP x CP / EP ranks spaced TP x EP apart."""
+def dp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None) -> tuple[comm.GroupPlacement, comm.GroupPlacement]:
+    """(dense, expert) data-parallel groups: DP x CP ranks spaced TP apart (rank order tp-cp-ep-dp-pp), and the
+    expert-data-parallel ranks spaced expert-TP x EP apart (the MoE grid etp-ep-edp)."""
     gpn = cluster.gpus_per_node
+    etp = tp if etp is None else etp
     return (comm.place_group(np.asarray(dp) * cp, tp, gpn),
-            comm.place_group(expert_dp_degree(dp, cp, ep), np.asarray(tp) * ep, gpn))
+            comm.place_group(expert_dp_degree(dp, cp, ep, tp, etp), np.asarray(etp) * ep, gpn))
 
 
 @dataclass(frozen=True)

@@ -152,10 +152,12 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
     if model.is_mla:  # the latents feeding the up-projections, whole on every TP rank (see mla_projection_ops)
         per_token = per_token + 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
     if moe:
-        # Megatron-Core MoE (expert TP = TP): the k permuted token copies entering the experts, gathered whole over
-        # TP (2kh), and the expert outputs kept for the routing probabilities' gradient before the combine (2kh on
-        # this rank's SP shard)
-        per_token = per_token + 2 * model.experts_per_token * h * (1 + 1 / sp)
+        # Megatron-Core MoE: the k permuted token copies entering the experts, gathered over the expert-TP group
+        # (2kh per token of the etp ranks' shards: 2kh x etp / tp per local token with SP, 2kh without), and the
+        # expert outputs kept for the routing probabilities' gradient before the combine (2kh on this rank's SP
+        # shard)
+        gathered = np.where(cfg.sequence_parallel, cfg.expert_tp / np.asarray(t), 1.0)
+        per_token = per_token + 2 * model.experts_per_token * h * (gathered + 1 / sp)
     scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
     lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
     per_token = per_token + np.where(flash, lse, np.where(mode == "none", scores, 0.0))
@@ -193,13 +195,14 @@ def embedding_activation_bytes(model: ModelSpec, cfg: Config):
 # ---------------------------------------------------------------------------------------------------------------
 # Model states
 # ---------------------------------------------------------------------------------------------------------------
-def layer_params_on_gpu(model: ModelSpec, tp, ep, moe: bool):
+def layer_params_on_gpu(model: ModelSpec, tp, ep, moe: bool, etp=None):
     """(dense, expert) parameters of one decoder layer on one GPU: the non-expert weights split by TP except the two
-    norms (replicated across TP, Megatron), the routed experts split over EP x TP (expert TP = TP)."""
+    norms (replicated across TP, Megatron), the routed experts split over EP x expert TP (TP when ``etp`` is None)."""
     norms = 2 * norm_params(model)
     experts = expert_params_per_layer(model) if moe else 0
+    etp = tp if etp is None else etp
     dense = (layer_params(model, moe=moe) - experts - norms) / np.asarray(tp) + norms
-    return dense, experts / (np.asarray(ep) * tp)
+    return dense, experts / (np.asarray(ep) * etp)
 
 
 def end_params_on_gpu(model: ModelSpec, seq_len: int, tp, num_stages):
@@ -211,10 +214,12 @@ def end_params_on_gpu(model: ModelSpec, seq_len: int, tp, num_stages):
     return embedding_params(model, seq_len) / np.asarray(tp), head / np.asarray(tp)
 
 
-def gathered_layer_params(model: ModelSpec, tp, ep, moe: bool):
-    """Parameters ZeRO-3 gathers for one layer on one GPU: the whole layer after TP (and EP for the experts)."""
+def gathered_layer_params(model: ModelSpec, tp, ep, moe: bool, etp=None):
+    """Parameters ZeRO-3 gathers for one layer on one GPU: the whole layer after TP (and EP x expert TP for the
+    experts)."""
     experts = expert_params_per_layer(model) if moe else 0
-    return (layer_params(model, moe=moe) - experts) / np.asarray(tp) + experts / (np.asarray(ep) * tp)
+    etp = tp if etp is None else etp
+    return (layer_params(model, moe=moe) - experts) / np.asarray(tp) + experts / (np.asarray(ep) * etp)
 
 
 @dataclass(frozen=True)

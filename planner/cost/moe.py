@@ -66,7 +66,7 @@ def ep_all_to_all_bytes_per_layer(model: ModelSpec, cfg: Config):
 
 def expert_params_per_gpu(model: ModelSpec, cfg: Config):
     """Routed expert weights of one MoE layer on one GPU: E f-wide MLPs split over ep x TP."""
-    return model.num_experts * dense_mlp_params(model, model.moe_ffn_hidden_size) / (cfg.ep * cfg.tp)
+    return model.num_experts * dense_mlp_params(model, model.moe_ffn_hidden_size) / (cfg.ep * cfg.expert_tp)
 
 
 def expected_nodes_per_token(k: int, nodes, max_nodes=0):
@@ -108,9 +108,10 @@ class EPCost:
 
 
 def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: comm.GroupPlacement,
-                  tp_group: comm.GroupPlacement) -> EPCost:
-    """Dispatch + combine all-to-alls over the EP group (forward, and again in backward), plus, with TP, the
-    all-gather and reduce-scatter of the T k dispatched token copies over the TP group (expert TP).
+                  etp_group: comm.GroupPlacement) -> EPCost:
+    """Dispatch + combine all-to-alls over the EP group (forward, and again in backward), plus, with expert TP, the
+    all-gather and reduce-scatter of the dispatched token copies over the expert-TP group: the etp ranks' sequence
+    shards, T k etp / tp copies with SP (T k when expert TP = TP).
 
     Without EP (ep = 1) the experts see the TP group's tokens through the same all-gather / reduce-scatter of T h
     that a dense MLP does (Megatron's all-gather dispatcher), already counted as TP communication: zero here.
@@ -122,8 +123,9 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: com
             limited = node_limited_all_to_all_s(model, cluster, cfg, ep_group)
         a2a = np.where(ep_group.spans_nodes, limited, a2a)
     a2a = np.where(has_ep, a2a, 0.0)
-    gathered = cfg.tokens_per_rank * model.experts_per_token * model.hidden_size * ACT_BYTES
-    etp = comm.all_gather_s(cluster, tp_group, gathered) + comm.reduce_scatter_s(cluster, tp_group, gathered)
+    share = np.where(cfg.sequence_parallel, cfg.expert_tp / np.asarray(cfg.tp), 1.0)
+    gathered = cfg.tokens_per_rank * share * model.experts_per_token * model.hidden_size * ACT_BYTES
+    etp = comm.all_gather_s(cluster, etp_group, gathered) + comm.reduce_scatter_s(cluster, etp_group, gathered)
     etp = np.where(has_ep, etp, 0.0)  # all_gather_s is 0 for tp = 1
     one_way = 2 * a2a + etp
     return EPCost(one_way, one_way, a2a, etp)

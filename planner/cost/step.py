@@ -196,7 +196,8 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     # collectives counted above, unless shared experts (a TP-parallel dense MLP) still need them.
     ep_fwd = 0.0
     if moe:
-        ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.tp).fwd_s
+        ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.etp if groups.etp is not None else
+                               groups.tp).fwd_s
         if not model.num_shared_experts:
             halve = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1)
             tp_fwd, tp_bwd = np.where(halve, tp_fwd / 2, tp_fwd), np.where(halve, tp_bwd / 2, tp_bwd)
@@ -254,14 +255,14 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
     return np.where(np.asarray(pp) > 1, send, 0.0)
 
 
-def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision) -> tuple:
+def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
     schedule, layer and recompute splits, DP options, the DP placement and the pipeline link -- none of which a
     layer's kernels, activations or TP / CP / EP communication read."""
     return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
-            precision)
+            precision, etp)
 
 
 def _row(x, i: int):
@@ -301,7 +302,7 @@ class LayerCostCache:
     def _key(cfg: RunConfig) -> tuple:
         return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
                           cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
-                          cfg.precision)
+                          cfg.precision, cfg.expert_tp)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         return self._get(model, cluster, self._key(cfg) + (moe,),
@@ -337,7 +338,7 @@ class BatchCosts:
 def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> BatchCosts:
     """:func:`layer_costs` and :func:`end_costs` of a batch in one pass, its groups placed by
     ``comm.groups_for``."""
-    groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep)
+    groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
     return BatchCosts(dense=layer_costs(model, cluster, batch, groups, moe=False),
                       moe=layer_costs(model, cluster, batch, groups, moe=True) if model.is_moe else None,
                       ends=end_costs(model, cluster, batch, groups))
@@ -380,7 +381,7 @@ _dp_groups = lru_cache(maxsize=4096)(dp_groups)
 def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Estimate:
     gpu = cluster.gpu
     p, v, m, dp = cfg.pp, cfg.vpp, cfg.num_microbatches, cfg.dp
-    groups = _groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep)
+    groups = _groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep, cfg.expert_tp)
     dense = _layer_cost(model, cluster, cfg, groups, moe=False)
     moe = _layer_cost(model, cluster, cfg, groups, moe=True) if model.is_moe else dense
     ends = LAYER_COSTS.end(model, cluster, cfg, groups)
@@ -390,10 +391,12 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     p2p_one = float(pipeline_send_s(model, cluster, cfg, groups, p)) if p > 1 else 0.0
     head_tp = ends.head_tp_s
     dp_shard = dp * cfg.cp
-    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep))
-    per_layer_params = {is_moe: tuple(float(x) for x in layer_params_on_gpu(model, cfg.tp, cfg.ep, is_moe))
+    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp))
+    per_layer_params = {is_moe: tuple(float(x) for x in layer_params_on_gpu(model, cfg.tp, cfg.ep, is_moe,
+                                                                            cfg.expert_tp))
                         for is_moe in ((False, True) if model.is_moe else (False,))}
-    gathered = {is_moe: float(gathered_layer_params(model, cfg.tp, cfg.ep, is_moe)) for is_moe in per_layer_params}
+    gathered = {is_moe: float(gathered_layer_params(model, cfg.tp, cfg.ep, is_moe, cfg.expert_tp))
+                for is_moe in per_layer_params}
     emb_params, head_params_gpu = (float(x) for x in end_params_on_gpu(model, cfg.seq_len, cfg.tp, cfg.num_stages))
 
     stage_rows: list[dict] = []
@@ -480,7 +483,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     act_per_mb, workspace, largest = (np.array(x, dtype=float) for x in zip(*extra_rows))
     states = model_state_bytes(StageParams(dense_p, expert_p, largest), cfg.zero_stage, dp_shard, expert_dp_shard)
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
-    dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep)
+    dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp)
     coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes)
     t_dp = dp_exposed_s(coll, cfg.zero_stage, col("fwd_s"), col("bwd_s"), col("recompute_s"), m,
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,

@@ -96,12 +96,26 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         reason = ulysses_problem(model, cfg.tp, cfg.cp)
         if reason:
             out.append(("cp", reason))
-    if cfg.ep > 1:
-        # Megatron-Core MoE: expert-parallel ranks are taken from the data- and context-parallel ranks
-        if not model.is_moe:
+    etp = cfg.expert_tp
+    n_before = len(out)
+    if cfg.etp is not None:
+        if cfg.etp < 1:
+            out.append(("etp", f"must be >= 1, got {cfg.etp}"))
+        elif not model.is_moe and cfg.etp != cfg.tp:
+            out.append(("etp", "expert tensor parallelism needs a mixture-of-experts model; leave it unset"))
+        elif cfg.etp > cluster.gpus_per_node:
+            out.append(("etp", f"etp={cfg.etp} is larger than a node ({cluster.gpus_per_node} GPUs)"))
+        elif cfg.etp != cfg.tp and cfg.tp > 1 and not cfg.sequence_parallel:
+            out.append(("etp", "expert TP other than TP needs sequence parallelism (Megatron-Core's MoE folding); "
+                               "turn it on or use etp = tp"))
+    if len(out) == n_before and (cfg.ep > 1 or etp != cfg.tp):
+        # Megatron-Core MoE parallel folding: the MoE layers' grid (expert TP x EP x expert DP) covers the same
+        # tp x cp x dp ranks of a pipeline stage as the attention's (with expert TP = TP: EP divides DP x CP)
+        if cfg.ep > 1 and not model.is_moe:
             out.append(("ep", "expert parallelism needs a mixture-of-experts model; use ep=1"))
-        elif (dp * cfg.cp) % cfg.ep:
-            out.append(("ep", f"ep={cfg.ep} must divide dp*cp = {dp * cfg.cp} (Megatron's rule)"))
+        elif (cfg.tp * cfg.cp * dp) % (cfg.ep * etp):
+            out.append(("ep", f"ep*etp = {cfg.ep}*{etp} must divide tp*cp*dp = {cfg.tp * cfg.cp * dp} "
+                              f"(Megatron-Core MoE parallel folding; with etp = tp: ep divides dp*cp)"))
         elif model.num_experts % cfg.ep:
             out.append(("ep", f"ep={cfg.ep} must divide the {model.num_experts} experts"))
         elif cfg.tp > 1 and not cfg.sequence_parallel:

@@ -117,7 +117,7 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     if cfg.sequence_parallel and cfg.tp > 1:
         args.append("--sequence-parallel")
     if view.is_moe:
-        args += ["--expert-model-parallel-size", str(cfg.ep), "--expert-tensor-parallel-size", str(cfg.tp)]
+        args += ["--expert-model-parallel-size", str(cfg.ep), "--expert-tensor-parallel-size", str(cfg.expert_tp)]
     # pipeline split: even chunks need no flag (interleaving needs the chunk size); uneven ones are spelled out
     layers = view.layers_per_stage
     if cfg.pp > 1:

@@ -55,7 +55,7 @@ def strategy_kwargs(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     }
     if view.is_moe:
         kw["expert_model_parallel_size"] = cfg.ep
-        kw["expert_tensor_parallel_size"] = cfg.tp
+        kw["expert_tensor_parallel_size"] = cfg.expert_tp
     return kw
 
 

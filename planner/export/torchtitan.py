@@ -147,7 +147,7 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
             raise unsupported(LAUNCHER, f"ep={cfg.ep} must divide the FSDP shard group dp*cp = {cfg.dp * cfg.cp}",
                               "plan with ZeRO >= 1 and an EP degree dividing dp*cp")
         par["expert_parallel_degree"] = cfg.ep
-        par["expert_tensor_parallel_degree"] = cfg.tp
+        par["expert_tensor_parallel_degree"] = cfg.expert_tp
     out = {"training": training, "parallelism": par, "activation_checkpoint": _activation_checkpoint(view)}
     if cfg.precision in ("fp8", "mxfp8"):
         # torchao's float8 / MX linear converters; the LM head ("output") stays bf16, as the cost model keeps it

@@ -106,7 +106,7 @@ def validate_plan_json(d: Any, source: str = "<plan>") -> None:
 #: config_problems names options the way the CLI spells them; in a plan file they are these JSON fields
 _RULE_FIELDS = {
     "tp": "parallelism.tp", "pp": "parallelism.pp", "cp": "parallelism.cp", "ep": "parallelism.ep",
-    "vpp": "parallelism.vpp", "zero": "parallelism.zero_stage", "gpus": "num_gpus", "num_gpus": "num_gpus",
+    "vpp": "parallelism.vpp", "etp": "parallelism.etp", "zero": "parallelism.zero_stage", "gpus": "num_gpus", "num_gpus": "num_gpus",
     "global-batch": "batch.global_batch_size", "global_batch_size": "batch.global_batch_size",
     "micro_batch_size": "batch.micro_batch_size", "seq_len": "batch.seq_len", "recompute": "recompute.mode",
     "recompute_layers_per_stage": "recompute.layers_per_stage", "precision": "options.precision",

@@ -252,7 +252,7 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
                                     seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
-                                    precision=space.precision)
+                                    precision=space.precision, expert_tp=t)  # the search keeps expert TP = TP
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
@@ -262,7 +262,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
     and one MoE layer's F / B / W, the embedding and LM head times and the per-layer activation bytes, composed as
     ``step.estimate`` composes them; and one pipeline send (``step.pipeline_send_s``) inside a node and across
     nodes."""
-    groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep)
+    groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
     sends = tuple(np.broadcast_to(pipeline_send_s(model, cluster, batch, replace(groups, pp_spans_nodes=spans), 2),
                                   (len(batch),)) for spans in (False, True))
     return _compose_tables(model, costs.dense, costs.moe, costs.ends, len(batch)), sends

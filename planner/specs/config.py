@@ -26,7 +26,7 @@ class RunConfig:
     tp: int = 1
     pp: int = 1
     cp: int = 1
-    ep: int = 1  # expert parallel degree (divides dp x cp)
+    ep: int = 1  # expert parallel degree (ep x expert TP divides tp x cp x dp: Megatron's MoE parallel folding)
     vpp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
     global_batch_size: int = 1  # sequences per optimizer step
     micro_batch_size: int = 1
@@ -50,12 +50,19 @@ class RunConfig:
     tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
     grad_reduce_bytes: int = 2  # bytes per element of the DP gradient reduction (bf16 = 2, fp32 = 4)
     precision: str = "bf16"  # GEMM precision of the linear layers (PRECISIONS)
+    #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
+    etp: int | None = None
 
     # ----- derived --------------------------------------------------------------------------------------------
     @property
     def dp(self) -> int:
         """Data-parallel degree: GPUs / (TP x PP x CP). Callers check divisibility with ``validity``."""
         return self.num_gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel degree: ``etp``, or TP when not set."""
+        return self.tp if self.etp is None else self.etp
 
     @property
     def num_microbatches(self) -> int:
@@ -83,7 +90,7 @@ class RunConfig:
 #: the RunConfig fields one decoder layer's costs read (kernels, activations, TP / CP / EP communication): the
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
-                "flash_attention", "tp_comm_overlap", "precision")
+                "flash_attention", "tp_comm_overlap", "precision", "expert_tp")
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,6 +113,7 @@ class ConfigBatch:
     flash_attention: np.ndarray
     tp_comm_overlap: np.ndarray
     precision: np.ndarray
+    expert_tp: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -115,6 +123,7 @@ class ConfigBatch:
             raise TypeError(f"ConfigBatch.from_columns: missing {', '.join(missing)}")
         arrays = np.broadcast_arrays(*(np.asarray(cols[f]) for f in LAYER_FIELDS))
         kinds = {"tp": np.int64, "cp": np.int64, "ep": np.int64, "micro_batch_size": np.int64, "seq_len": np.int64,
+                 "expert_tp": np.int64,
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)

@@ -141,6 +141,8 @@ def estimate_command(run: dict) -> str:
     for flag, name in (("--tp", "tp"), ("--pp", "pp"), ("--cp", "cp"), ("--ep", "ep"), ("--vpp", "vpp")):
         if getattr(cfg, name) != 1:
             parts.append(f"{flag} {getattr(cfg, name)}")
+    if cfg.etp is not None:
+        parts.append(f"--etp {cfg.etp}")
     if cfg.cp > 1:
         parts.append(f"--cp-kind {cfg.cp_kind}")
     parts += [f"--schedule {cfg.schedule}", f"--recompute {cfg.recompute}", f"--zero {cfg.zero_stage}",
