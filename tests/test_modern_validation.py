@@ -17,7 +17,7 @@ ROWS = {r.id: r for r in validate_modern()}
 
 
 def test_every_row_names_its_source_quote_and_assumptions():
-    assert len(RUNS) >= 19
+    assert len(RUNS) >= 30
     for run in RUNS:
         assert run["source"] and run["quote"] and isinstance(run["assumed"], list), run["id"]
         assert run["measured_tokens_per_s_per_gpu"] > 0 and run["measured"]["value"] > 0
@@ -55,17 +55,20 @@ def test_validate_reports_every_group_and_the_rows_it_cannot_express():
 
 def test_modern_accuracy_does_not_regress():
     """Where the model stands on current stacks (README, 'Accuracy'): a guard against regressions, not the target
-    (issue 9 asks for 6% mean / 15% max, which needs the fitted Hopper / Blackwell profiles and stacks)."""
+    (issue 9 asks for 6% mean / 15% max; the MoE rows, fine-grained experts at small micro-batches above all, are
+    far from it)."""
     scored = [r for r in ROWS.values() if r.estimated is not None]
-    mean = sum(abs(r.error) for r in scored) / len(scored)
-    assert len(scored) >= 18 and mean < 0.22
+    assert len(scored) == len(RUNS) >= 30
+    dense = [abs(r.error) for r in scored if "MoE" not in r.groups]
+    assert sum(dense) / len(dense) < 0.08 and max(dense) < 0.30
     dense_bf16 = [abs(r.error) for r in scored if "dense bf16" in r.groups]
     assert max(dense_bf16) < 0.30
     # the large Megatron-Core weak-scaling runs, where the 2021-22 A100 physics carries over
     assert abs(ROWS["MLM-WS-177B"].error) < 0.03 and abs(ROWS["MLM-WS-462B"].error) < 0.03
 
 
-@pytest.mark.parametrize("profile,precision", [("h100-80gb-sxm", "fp8"), ("b200-180gb", "fp8")])
+@pytest.mark.parametrize("profile,precision", [("h100-80gb-sxm", "fp8"), ("b200-180gb", "fp8"),
+                                               ("b200-180gb", "mxfp8")])
 def test_the_fitted_profile_values_are_what_the_fit_computes(profile, precision):
     """A fitted parameter is data with its rows: the profile's stored value and rows are the fit's output
     (``python -m planner.validation.fit --write``), and the leave-one-source-out check stays near the in-sample
@@ -78,16 +81,16 @@ def test_the_fitted_profile_values_are_what_the_fit_computes(profile, precision)
     f = fit(profile, precision)
     assert stored["value"] == f.value and stored["fitted_on"] == list(f.rows)
     assert 0.5 < f.value < 1.0  # fp8 kernels reach less of their (twice higher) peak than bf16's
-    assert max(abs(e) for e in f.in_sample) < 0.12
+    assert sum(abs(e) for e in f.in_sample) / len(f.in_sample) < 0.08 and max(abs(e) for e in f.in_sample) < 0.18
     left_out = [e for errs in f.loso.values() for e in errs]
     if left_out:
-        assert max(abs(e) for e in left_out) < 0.12
+        assert sum(abs(e) for e in left_out) / len(left_out) < 0.10 and max(abs(e) for e in left_out) < 0.18
 
 
 def test_fp8_group_after_the_fit():
     fp8 = [abs(r.error) for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups
            and "MoE" not in r.groups]
-    assert max(fp8) < 0.12
+    assert sum(fp8) / len(fp8) < 0.06 and max(fp8) < 0.18
 
 
 def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
@@ -99,7 +102,7 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     stored = json.loads(BANDS_FILE.read_text())
     assert stored["bands"] == compute_bands()["bands"]
     exact = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False)
-    assert exact.exact and exact.rows == 4 and exact.label == "H100 / H800, fp8, dense"
+    assert exact.exact and exact.rows == 7 and exact.label == "H100 / H800, fp8, dense"
     assert band_for("NVIDIA A100 80GB SXM4", "bf16", moe=False).mean_abs_error < 0.04
     coarse = band_for("NVIDIA H800", "bf16", moe=True)
     assert coarse.rows >= 1

@@ -26,7 +26,8 @@ from planner.validation.compare import evaluate_modern_run, load_modern_runs
 
 #: (profile fitted, precision, profiles of the same die that carry the value unfitted)
 TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
-           ("b200-180gb", "fp8", ()))
+           ("b200-180gb", "fp8", ("gb200-nvl72",)),
+           ("b200-180gb", "mxfp8", ("gb200-nvl72",)))
 #: ratios tried (the grid's step is the fit's resolution)
 GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 
@@ -104,7 +105,7 @@ def write(f: Fit, carried_to: tuple[str, ...]) -> None:
         data = json.loads(path.read_text())
         e = dict(entry) if name == f.profile else {
             "value": f.value, "carried_from": f.profile,
-            "why": "same GH100 die, tensor cores and clocks; no public dense fp8 run of this GPU in the set"}
+            "why": f"same die and tensor cores as {f.profile}; not fitted on this GPU's runs"}
         data["gpu"].setdefault("low_precision_gemm_efficiency", {})[f.precision] = e
         path.write_text(json.dumps(data, indent=2) + "\n")
 
