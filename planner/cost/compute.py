@@ -11,6 +11,7 @@ FLOP counts follow Narayanan et al. 2021 (Eq. 3) and Korthikanti et al. 2022 (Ap
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -70,7 +71,8 @@ def _linear(name: str, m, k, n, cfg: "Config", batch=1.0) -> list[Op]:
     """A linear layer's GEMM (m x k input by k x n weight) at the configuration's GEMM precision, and, in fp8 /
     mxfp8, the quantization of its operands: the input in forward, the output gradient in backward (the weights
     are cast once per step and cached across micro-batches, Megatron's ``is_first_microbatch``, so not here)."""
-    low = np.isin(np.asarray(cfg.precision), ("fp8", "mxfp8"))
+    precision = np.asarray(cfg.precision)
+    low = (precision == "fp8") | (precision == "mxfp8")
     cast = Op(f"{name}_fp8_cast", "memory", hbm_bytes=np.where(low, FP8_CAST_BYTES_PER_ELEMENT * m * k * batch, 0.0),
               bwd_ratio=n / k, weight_grad_fraction=0.0)
     return [_gemm(name, m, k, n, batch, precision=cfg.precision), cast]
@@ -261,6 +263,7 @@ def linear_gemm_fwd_s(ops: list[Op], gpu: GPU):
 # ---------------------------------------------------------------------------------------------------------------
 # Model FLOPs (for MFU) — closed forms from the papers
 # ---------------------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, causal_half: bool = False) -> float:
     """Model FLOPs of one training step (forward + backward, no recomputation).
 

@@ -70,21 +70,17 @@ class DPCollectives:
 def dp_collectives(cluster: Cluster, dense_group: comm.GroupPlacement, expert_group: comm.GroupPlacement,
                    dense_params, expert_params, grad_reduce_bytes) -> DPCollectives:
     """Ring collectives (``planner.cost.comm``) over the dense and expert DP groups for the given parameters, added
-    up; the gradients travel at ``grad_reduce_bytes`` per element, the weights in bf16. The two groups and the two
-    buffers (gradients, weights) go through one reduce-scatter evaluation along two leading axes; the all-gather
-    is the same ring pass and the all-reduce is both (``comm.all_reduce_s``)."""
-    shape = np.broadcast_shapes(*(np.shape(x) for x in (dense_params, expert_params, dense_group.size,
-                                                        expert_group.size, grad_reduce_bytes)))
+    up; the gradients travel at ``grad_reduce_bytes`` per element, the weights in bf16. Per group, the two buffers
+    (gradients, weights) go through one reduce-scatter evaluation along a leading axis; the all-gather is the same
+    ring pass and the all-reduce is both (``comm.all_reduce_s``)."""
+    def per_group(group: comm.GroupPlacement, params):
+        buffers = np.stack(np.broadcast_arrays(params * grad_reduce_bytes, params * WEIGHT_BYTES))
+        return comm.reduce_scatter_s(cluster, group, buffers)
 
-    def stacked(a, b):  # axis 0: dense / expert group
-        return np.stack([np.broadcast_to(a, shape), np.broadcast_to(b, shape)])
-
-    groups = comm.GroupPlacement(*(stacked(getattr(dense_group, f), getattr(expert_group, f))[:, None]
-                                   for f in ("size", "members_per_node", "spans_nodes")))
-    params = stacked(dense_params, expert_params)
-    buffers = np.stack([params * grad_reduce_bytes, params * WEIGHT_BYTES], axis=1)  # axis 1: grads / weights
-    rs, ag = comm.reduce_scatter_s(cluster, groups, buffers).sum(axis=0)
-    return DPCollectives(all_reduce_s=2 * rs, reduce_scatter_s=rs, all_gather_s=ag)
+    rs_dense, ag_dense = per_group(dense_group, dense_params)
+    rs_expert, ag_expert = per_group(expert_group, expert_params)
+    rs = rs_dense + rs_expert
+    return DPCollectives(all_reduce_s=2 * rs, reduce_scatter_s=rs, all_gather_s=ag_dense + ag_expert)
 
 
 def dp_exposed_s(c: DPCollectives, zero_stage, fwd_s, bwd_s, recompute_s, num_microbatches, gathers_once_per_step,

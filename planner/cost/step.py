@@ -6,6 +6,7 @@ recomputation) + exposed data-parallel communication + optimizer step.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 
@@ -386,7 +387,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     moe = _layer_cost(model, cluster, cfg, groups, moe=True) if model.is_moe else dense
     ends = LAYER_COSTS.end(model, cluster, cfg, groups)
     layers = stage_layers(model, cfg)
-    starts = [sum(layers[:j]) for j in range(len(layers))]
+    starts = [0, *itertools.accumulate(layers)][:-1]
     sched = get_schedule(cfg.schedule)
     p2p_one = float(pipeline_send_s(model, cluster, cfg, groups, p)) if p > 1 else 0.0
     head_tp = ends.head_tp_s
@@ -399,6 +400,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                 for is_moe in per_layer_params}
     emb_params, head_params_gpu = (float(x) for x in end_params_on_gpu(model, cfg.seq_len, cfg.tp, cfg.num_stages))
 
+    is_moe_model = model.is_moe
     stage_rows: list[dict] = []
     extra_rows: list[tuple[float, float, float]] = []
     F, B, W = [], [], []
@@ -412,7 +414,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
             j = sched.stage_index(p, v, r, c)
             n = layers[j]
             chunk_layers.append(n)
-            n_moe = sum(1 for i in range(starts[j], starts[j] + n) if model.is_moe and i >= model.first_k_dense_layers)
+            n_moe = max(0, n - max(0, model.first_k_dense_layers - starts[j])) if is_moe_model else 0
             n_full = 0
             if cfg.recompute == "full":
                 n_full = n if cfg.recompute_num_layers is None else min(n, cfg.recompute_num_layers)
@@ -490,11 +492,12 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                         gpu.comm_overlap_interference)
     local = np.where(cfg.zero_stage >= 1, dense_p / dp_shard + expert_p / expert_dp_shard, dense_p + expert_p)
     dp_exposed, opt_s = float(np.max(t_dp)), float(np.max(optimizer_step_s(local, gpu)))
+    per_rank = [dict(zip(states, values)) for values in zip(*(np.broadcast_to(x, (p,)).tolist()
+                                                               for x in states.values()))]
     stages = tuple(
-        StageEstimate(**row, memory_bytes={**{k: float(x[r]) for k, x in states.items()},
-                                           "activations": float(act_per_mb[r] * row["inflight_microbatches"]),
-                                           "workspace": float(workspace[r])})
-        for r, row in enumerate(stage_rows))
+        StageEstimate(**row, memory_bytes={**per_rank[r], "activations": act * row["inflight_microbatches"],
+                                           "workspace": ws})
+        for r, (row, act, ws) in enumerate(zip(stage_rows, act_per_mb.tolist(), workspace.tolist())))
 
     step = pipe_s + dp_exposed + opt_s
     mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len)
