@@ -7,7 +7,7 @@ recomputation) + exposed data-parallel communication + optimizer step.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 
 import numpy as np
@@ -373,6 +373,26 @@ def estimate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *, check: bool 
     return _estimate_cached(model, cluster, cfg)
 
 
+@lru_cache(maxsize=4096)
+def _param_counts(model: ModelSpec, tp: int, ep: int, etp: int, seq_len: int, num_stages: int):
+    """One configuration's per-GPU parameter counts as floats (``memory.layer_params_on_gpu``,
+    ``gathered_layer_params``, ``end_params_on_gpu``), memoized on what they read."""
+    kinds = (False, True) if model.is_moe else (False,)
+    per_layer = {moe: tuple(float(x) for x in layer_params_on_gpu(model, tp, ep, moe, etp)) for moe in kinds}
+    gathered = {moe: float(gathered_layer_params(model, tp, ep, moe, etp)) for moe in kinds}
+    ends = tuple(float(x) for x in end_params_on_gpu(model, seq_len, tp, num_stages))
+    return per_layer, gathered, ends
+
+
+@lru_cache(maxsize=4096)
+def _send_s(model: ModelSpec, cluster: Cluster, tp: int, cp: int, mb: int, seq_len: int, sp: bool,
+            spans_nodes: bool) -> float:
+    """:func:`pipeline_send_s` of one configuration with a pipeline, memoized on what it reads."""
+    cfg = RunConfig(num_gpus=tp * cp, tp=tp, cp=cp, micro_batch_size=mb, seq_len=seq_len, sequence_parallel=sp)
+    groups = comm.groups_for(cluster, tp, cp, 1, 1)
+    return float(pipeline_send_s(model, cluster, cfg, replace(groups, pp_spans_nodes=spans_nodes), 2))
+
+
 #: one configuration's process-group placements, memoized on its degrees (many estimates share them)
 _groups_for = lru_cache(maxsize=4096)(comm.groups_for)
 _dp_groups = lru_cache(maxsize=4096)(dp_groups)
@@ -389,16 +409,13 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     layers = stage_layers(model, cfg)
     starts = [0, *itertools.accumulate(layers)][:-1]
     sched = get_schedule(cfg.schedule)
-    p2p_one = float(pipeline_send_s(model, cluster, cfg, groups, p)) if p > 1 else 0.0
+    p2p_one = _send_s(model, cluster, cfg.tp, cfg.cp, cfg.micro_batch_size, cfg.seq_len, cfg.sequence_parallel,
+                      bool(groups.pp_spans_nodes)) if p > 1 else 0.0
     head_tp = ends.head_tp_s
     dp_shard = dp * cfg.cp
     expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp))
-    per_layer_params = {is_moe: tuple(float(x) for x in layer_params_on_gpu(model, cfg.tp, cfg.ep, is_moe,
-                                                                            cfg.expert_tp))
-                        for is_moe in ((False, True) if model.is_moe else (False,))}
-    gathered = {is_moe: float(gathered_layer_params(model, cfg.tp, cfg.ep, is_moe, cfg.expert_tp))
-                for is_moe in per_layer_params}
-    emb_params, head_params_gpu = (float(x) for x in end_params_on_gpu(model, cfg.seq_len, cfg.tp, cfg.num_stages))
+    per_layer_params, gathered, (emb_params, head_params_gpu) = _param_counts(model, cfg.tp, cfg.ep, cfg.expert_tp,
+                                                                              cfg.seq_len, cfg.num_stages)
 
     is_moe_model = model.is_moe
     stage_rows: list[dict] = []
