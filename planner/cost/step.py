@@ -418,93 +418,91 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                                                                               cfg.seq_len, cfg.num_stages)
 
     is_moe_model = model.is_moe
-    stage_rows: list[dict] = []
-    extra_rows: list[tuple[float, float, float]] = []
-    F, B, W = [], [], []
-    recompute_flops_per_mb = []
-    for r in range(p):
-        fwd = bwd_in = bwd_w = rec = tpc = cpc = epc = ppc = 0.0
-        comp = rec_comp = rflops = 0.0
-        dense_params = expert_params = largest = act_per_mb = workspace = 0.0
-        chunk_layers = []
-        for c in range(v):
-            j = sched.stage_index(p, v, r, c)
-            n = layers[j]
-            chunk_layers.append(n)
-            n_moe = max(0, n - max(0, model.first_k_dense_layers - starts[j])) if is_moe_model else 0
-            n_full = 0
-            if cfg.recompute == "full":
-                n_full = n if cfg.recompute_num_layers is None else min(n, cfg.recompute_num_layers)
-                if cfg.recompute_layers_per_stage is not None:  # AdaPipe-style depth per stage
-                    n_full = min(n, cfg.recompute_layers_per_stage[j])
-            for count, lc, is_moe in ((n - n_moe, dense, False), (n_moe, moe, True)):
-                if count == 0:
-                    continue
-                full_here = min(count, n_full)
-                n_full -= full_here
-                sel = count * lc.selective_recompute_s if cfg.recompute == "selective" else 0.0
-                fwd += count * lc.fwd_total_s
-                bwd_in += count * lc.bwd_input_total_s
-                bwd_w += count * lc.bwd_weight_s
-                rec += sel + full_here * lc.fwd_total_s
-                comp += count * (lc.fwd_s + (lc.bwd_input_s + lc.bwd_weight_s))
-                rec_comp += sel + full_here * lc.fwd_s
-                tpc += (count + full_here) * lc.tp_fwd_s + count * lc.tp_bwd_s
-                cpc += count * (lc.cp_fwd_s + lc.cp_bwd_s) + full_here * lc.cp_fwd_s
-                epc += (2 * count + full_here) * lc.ep_fwd_s
-                rflops += count * lc.recompute_flops + full_here * lc.fwd_flops
-                kept = lc.act_bytes if cfg.recompute != "full" else lc.act_none_bytes
-                act_per_mb += full_here * lc.act_full_bytes + (count - full_here) * kept
-                if full_here or (cfg.recompute == "selective" and not cfg.flash_attention):
-                    workspace = max(workspace, lc.act_none_bytes)  # the layer being recomputed
-                workspace = max(workspace, lc.cp_buffer_bytes)
-                dense_pl, expert_pl = per_layer_params[is_moe]
-                expert_params += count * expert_pl
-                dense_params += count * dense_pl
-                largest = max(largest, gathered[is_moe])
-            if p > 1:
-                ppc += 2 * p2p_one
-                fwd += p2p_one
-                bwd_in += p2p_one
-            if j == 0:
-                fwd += ends.emb_fwd_s
-                bwd_w += ends.emb_bwd_s
-                comp += ends.emb_fwd_s + ends.emb_bwd_s
-                dense_params += emb_params
-                act_per_mb += ends.act_emb_bytes
-            if j == cfg.num_stages - 1:
-                fwd += ends.head_fwd_s + head_tp
-                bwd_in += ends.head_bwd_input_s + head_tp
-                bwd_w += ends.head_bwd_weight_s
-                comp += ends.head_fwd_s + (ends.head_bwd_input_s + ends.head_bwd_weight_s)
-                tpc += 2 * head_tp
-                dense_params += head_params_gpu
-                workspace = max(workspace, ends.head_act_bytes)
-        stage_rows.append(dict(
-            rank=r, layers=tuple(chunk_layers), fwd_s=fwd, bwd_s=bwd_in + bwd_w, bwd_weight_s=bwd_w,
-            recompute_s=rec, tp_comm_s=tpc, cp_comm_s=cpc, ep_comm_s=epc, pp_comm_s=ppc, compute_s=comp,
-            recompute_compute_s=rec_comp, params_dense=dense_params, params_expert=expert_params,
-            inflight_microbatches=sched.inflight(p, m, v, r)))
-        extra_rows.append((act_per_mb, workspace, largest))
-        F.append(fwd)
-        B.append(bwd_in + rec)
-        W.append(bwd_w)
-        recompute_flops_per_mb.append(rflops)
+    # --- each model chunk j's work per micro-batch, over all chunks at once: its dense and MoE layers, the layers
+    # fully recomputed (a chunk's dense layers first), its pipeline sends, the embedding (chunk 0), the LM head (last)
+    n_stages = len(layers)
+    n = np.asarray(layers, dtype=float)
+    n_moe = np.maximum(0.0, n - np.maximum(0.0, model.first_k_dense_layers - np.asarray(starts, dtype=float))) \
+        if is_moe_model else np.zeros(n_stages)
+    n_full = np.zeros(n_stages)
+    if cfg.recompute == "full":
+        n_full = n if cfg.recompute_num_layers is None else np.minimum(n, cfg.recompute_num_layers)
+        if cfg.recompute_layers_per_stage is not None:  # AdaPipe-style depth per stage
+            n_full = np.minimum(n, np.asarray(cfg.recompute_layers_per_stage, dtype=float))
+    selective = cfg.recompute == "selective"
+    q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
+                                         "ppc", "rflops", "act", "dense_params", "expert_params")}
+    workspace_j, largest_j = np.zeros(n_stages), np.zeros(n_stages)
+    full_left = n_full
+    kinds = ((n - n_moe, dense, False),) + (((n_moe, moe, True),) if is_moe_model else ())
+    for count, lc, is_moe in kinds:
+        full_here = np.minimum(count, full_left)
+        full_left = full_left - full_here
+        sel = count * lc.selective_recompute_s if selective else 0.0
+        q["fwd"] += count * lc.fwd_total_s
+        q["bwd_in"] += count * lc.bwd_input_total_s
+        q["bwd_w"] += count * lc.bwd_weight_s
+        q["rec"] += sel + full_here * lc.fwd_total_s
+        q["comp"] += count * (lc.fwd_s + (lc.bwd_input_s + lc.bwd_weight_s))
+        q["rec_comp"] += sel + full_here * lc.fwd_s
+        q["tpc"] += (count + full_here) * lc.tp_fwd_s + count * lc.tp_bwd_s
+        q["cpc"] += count * (lc.cp_fwd_s + lc.cp_bwd_s) + full_here * lc.cp_fwd_s
+        q["epc"] += (2 * count + full_here) * lc.ep_fwd_s
+        q["rflops"] += count * lc.recompute_flops + full_here * lc.fwd_flops
+        kept = lc.act_bytes if cfg.recompute != "full" else lc.act_none_bytes
+        q["act"] += full_here * lc.act_full_bytes + (count - full_here) * kept
+        present = count > 0
+        recomputing = (full_here > 0) | (selective and not cfg.flash_attention)  # the layer being recomputed
+        workspace_j = np.maximum(workspace_j, np.where(present & recomputing, lc.act_none_bytes, 0.0))
+        workspace_j = np.maximum(workspace_j, np.where(present, lc.cp_buffer_bytes, 0.0))
+        dense_pl, expert_pl = per_layer_params[is_moe]
+        q["expert_params"] += count * expert_pl
+        q["dense_params"] += count * dense_pl
+        largest_j = np.maximum(largest_j, np.where(present, gathered[is_moe], 0.0))
+    if p > 1:
+        q["ppc"] += 2 * p2p_one
+        q["fwd"] += p2p_one
+        q["bwd_in"] += p2p_one
+    q["fwd"][0] += ends.emb_fwd_s
+    q["bwd_w"][0] += ends.emb_bwd_s
+    q["comp"][0] += ends.emb_fwd_s + ends.emb_bwd_s
+    q["dense_params"][0] += emb_params
+    q["act"][0] += ends.act_emb_bytes
+    last = n_stages - 1
+    q["fwd"][last] += ends.head_fwd_s + head_tp
+    q["bwd_in"][last] += ends.head_bwd_input_s + head_tp
+    q["bwd_w"][last] += ends.head_bwd_weight_s
+    q["comp"][last] += ends.head_fwd_s + (ends.head_bwd_input_s + ends.head_bwd_weight_s)
+    q["tpc"][last] += 2 * head_tp
+    q["dense_params"][last] += head_params_gpu
+    workspace_j[last] = max(workspace_j[last], ends.head_act_bytes)
+    # --- per pipeline rank: its v chunks (the schedule's placement) added up
+    chunks = np.array([[sched.stage_index(p, v, r, c) for c in range(v)] for r in range(p)])
+    rank = {k: x[chunks].sum(axis=1) for k, x in q.items()}
+    workspace, largest = workspace_j[chunks].max(axis=1), largest_j[chunks].max(axis=1)
+    act_per_mb = rank["act"]
+    F, B, W = rank["fwd"], rank["bwd_in"] + rank["rec"], rank["bwd_w"]
+    recompute_flops_per_mb = rank["rflops"]
+    inflight = [sched.inflight(p, m, v, r) for r in range(p)]
+    lists = {k: x.tolist() for k, x in rank.items()}
+    bwd_s = (rank["bwd_in"] + rank["bwd_w"]).tolist()
+    stage_rows = [dict(
+        rank=r, layers=tuple(layers[j] for j in chunks[r].tolist()), fwd_s=lists["fwd"][r], bwd_s=bwd_s[r],
+        bwd_weight_s=lists["bwd_w"][r], recompute_s=lists["rec"][r], tp_comm_s=lists["tpc"][r],
+        cp_comm_s=lists["cpc"][r], ep_comm_s=lists["epc"][r], pp_comm_s=lists["ppc"][r], compute_s=lists["comp"][r],
+        recompute_compute_s=lists["rec_comp"][r], params_dense=lists["dense_params"][r],
+        params_expert=lists["expert_params"][r], inflight_microbatches=inflight[r]) for r in range(p)]
 
     pipe = sched.time(F, B, W, m, v)
     pipe_s, bubble_s = float(pipe.total_s), float(pipe.bubble_s)
 
     # --- per-rank model states, data-parallel communication and optimizer step, over the ranks at once
-    def col(name: str) -> np.ndarray:
-        return np.array([row[name] for row in stage_rows], dtype=float)
-
-    dense_p, expert_p = col("params_dense"), col("params_expert")
-    act_per_mb, workspace, largest = (np.array(x, dtype=float) for x in zip(*extra_rows))
+    dense_p, expert_p = rank["dense_params"], rank["expert_params"]
     states = model_state_bytes(StageParams(dense_p, expert_p, largest), cfg.zero_stage, dp_shard, expert_dp_shard)
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
     dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp)
     coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes)
-    t_dp = dp_exposed_s(coll, cfg.zero_stage, col("fwd_s"), col("bwd_s"), col("recompute_s"), m,
+    t_dp = dp_exposed_s(coll, cfg.zero_stage, rank["fwd"], rank["bwd_in"] + rank["bwd_w"], rank["rec"], m,
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
                         gpu.comm_overlap_interference)
     local = np.where(cfg.zero_stage >= 1, dense_p / dp_shard + expert_p / expert_dp_shard, dense_p + expert_p)
@@ -518,7 +516,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
 
     step = pipe_s + dp_exposed + opt_s
     mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len)
-    hflops = mflops + sum(recompute_flops_per_mb) * m * dp * cfg.tp * cfg.cp
+    hflops = mflops + float(recompute_flops_per_mb.sum()) * m * dp * cfg.tp * cfg.cp
     n = cfg.num_gpus
     limit = gpu.usable_memory_bytes
     peak = max(s.peak_memory_bytes for s in stages)
