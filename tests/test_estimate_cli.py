@@ -48,3 +48,23 @@ def test_validate_command_prints_errors():
     r = runner.invoke(app, ["validate"])
     assert r.exit_code == 0, r.output
     assert "korthikanti2022_table5: mean |error|" in r.stdout
+
+
+def test_layers_per_stage_takes_megatrons_layout_string():
+    """Issue 9: `estimate` expresses every layout a plan holds, also as Megatron's --pipeline-model-parallel-layout
+    (the exporter's own strings parse back to the same split)."""
+    from planner.export.megatron import _layout
+    from planner.specs.config import parse_megatron_layout
+
+    split = (1,) + (2,) * 62 + (1,)
+    assert parse_megatron_layout(_layout(split)) == split
+    assert parse_megatron_layout("Et*3|(tt|)*29,m|L") == (3,) + (2,) * 29 + (0, 0)
+    base = ["estimate", "--model", "llama-3.1-405b", "--cluster", "h100-80gb-sxm", "--gpus", "1024", "--tp", "8",
+            "--pp", "8", "--vpp", "8", "--schedule", "interleaved-1f1b", "--global-batch", "512", "--seq-len",
+            "8192", "--json"]
+    by_list = json.loads(runner.invoke(app, base + ["--layers-per-stage", ",".join(map(str, split))]).stdout)
+    by_layout = json.loads(runner.invoke(app, base + ["--layers-per-stage", "Et|(tt|)*62tL"]).stdout)
+    assert by_layout["layers_per_stage"] == list(split)
+    assert by_layout["estimate"]["step_time_s"] == by_list["estimate"]["step_time_s"]
+    bad = runner.invoke(app, base + ["--layers-per-stage", "t|E(tt|)*62tL"])
+    assert bad.exit_code == 2 and "--layers-per-stage" in bad.stderr and "Traceback" not in bad.output

@@ -10,14 +10,21 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict
-from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, RunConfig
+from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, RunConfig, parse_megatron_layout
 from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
 from planner.validation.bands import band_for
 
 
 def parse_layers_per_stage(text: str) -> tuple[int, ...]:
-    """``--layers-per-stage 7,8,8,7`` as a tuple of non-negative integers (the count is checked against pp*vpp by
-    the validity rules)."""
+    """``--layers-per-stage 7,8,8,7`` as a tuple of non-negative integers, or a Megatron layout string
+    (``Et*3|(tt|)*29,m|L``, ``config.parse_megatron_layout``); the count is checked against pp*vpp by the validity
+    rules."""
+    if any(ch.isalpha() for ch in text):
+        try:
+            return parse_megatron_layout(text)
+        except ValueError as e:
+            raise PlannerError(f"not a Megatron pipeline layout: {e}", source="--layers-per-stage",
+                               fix="e.g. 'Et*3|(tt|)*29|tL' or a comma list such as 4,4,4,4")
     try:
         counts = tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -54,7 +61,8 @@ def estimate(
                                   help="GEMM precision of the linear layers: bf16 | fp16 | fp8 | mxfp8 (fp8 needs "
                                        "Hopper/Ada/MI300 or newer, mxfp8 Blackwell)"),
     layers_per_stage: str = typer.Option(None, "--layers-per-stage",
-                                         help="Layers of each of the pp*vpp stages in model order, e.g. 7,8,...,8,7 "
+                                         help="Layers of each of the pp*vpp stages in model order, e.g. 7,8,...,8,7, "
+                                              "or Megatron's --pipeline-model-parallel-layout string "
                                               "(default: as even as possible)"),
     stack: str = typer.Option(DEFAULT_STACK, "--stack",
                               help="Training stack whose runtime options apply (see `planner list stacks`; default "

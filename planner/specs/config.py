@@ -142,6 +142,31 @@ class ConfigBatch:
         return self.micro_batch_size * self.seq_len / self.cp
 
 
+def parse_megatron_layout(text: str) -> tuple[int, ...]:
+    """Decoder layers per model chunk from Megatron-Core's ``--pipeline-model-parallel-layout`` string
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py): chunks separated by '|', in model order; 'E' the
+    embedding, 't' a decoder layer, 'm' a multi-token-prediction layer (not a decoder layer here), 'L' the loss;
+    'x*N' repeats a token and '(...)*N' a group; ',' is ignored. The planner keeps the embedding on the first chunk
+    and the loss on the last, so a layout placing them elsewhere is refused (ValueError, with the reason)."""
+    import re
+
+    t = text.replace(" ", "")
+    if not t or re.search(r"[^EtmL|()*,0-9]", t):
+        raise ValueError("use only E, t, m, L, |, (, ), * and digits (Megatron's layout syntax)")
+    group = re.compile(r"\(([^()]*)\)\*(\d+)")
+    while group.search(t):
+        t = group.sub(lambda mt: mt.group(1) * int(mt.group(2)), t)
+    if "(" in t or ")" in t:
+        raise ValueError("unbalanced parentheses, or a group without '*N'")
+    t = re.sub(r"([EtmL])\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), t).replace(",", "")
+    if "*" in t:
+        raise ValueError("'*N' must follow a token or a parenthesized group")
+    chunks = t.split("|")
+    if "E" in "".join(chunks[1:]) or "L" in "".join(chunks[:-1]):
+        raise ValueError("the planner keeps the embedding (E) on the first chunk and the loss (L) on the last")
+    return tuple(c.count("t") for c in chunks)
+
+
 def even_layer_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
     """Layers per pipeline stage, as even as possible; the remainder goes to the middle stages, since the first
     and last stages also carry the embedding and the LM head."""
