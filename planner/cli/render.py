@@ -30,11 +30,17 @@ def config_line(cfg: RunConfig) -> str:
         parts.append(f"CP {cfg.cp} ({cfg.cp_kind})")
     if cfg.ep > 1:
         parts.append(f"EP {cfg.ep}")
+    if cfg.expert_tp != cfg.tp:
+        parts.append(f"expert TP {cfg.expert_tp}")
     if cfg.vpp > 1:
         parts.append(f"VPP {cfg.vpp}")
     parts += [f"mb {cfg.micro_batch_size} x {cfg.num_microbatches}", cfg.schedule,
               f"recompute {cfg.recompute}" + (f"({cfg.recompute_num_layers})" if cfg.recompute_num_layers else ""),
               f"ZeRO-{cfg.zero_stage}", "SP" if cfg.sequence_parallel and cfg.tp > 1 else "no SP"]
+    if cfg.tp_comm_overlap and cfg.tp > 1:
+        parts.append("TP overlap")
+    if cfg.precision != "bf16":
+        parts.append(cfg.precision)
     return ", ".join(parts)
 
 
