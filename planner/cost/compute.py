@@ -83,6 +83,12 @@ def sp_degree(cfg: Config):
     return np.where(cfg.sequence_parallel, cfg.tp, 1)
 
 
+def expert_tp_token_share(cfg: Config):
+    """Tokens an expert-TP group gathers per token a TP rank holds (Megatron-Core MoE, all-gather after dispatch):
+    the etp ranks' sequence shards, etp / tp, with SP; 1 without SP, where the TP ranks hold the same tokens."""
+    return np.where(cfg.sequence_parallel, cfg.expert_tp / np.asarray(cfg.tp), 1.0)
+
+
 def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     """Operators of one transformer layer, one micro-batch, on one GPU (after TP, CP and SP sharding).
 
@@ -132,7 +138,7 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
         # each (the size that sets the GEMM efficiency), each expert's matrices split over the etp ranks
         etp = cfg.expert_tp
         local = model.num_experts / cfg.ep
-        m_e = T * k / local * np.where(cfg.sequence_parallel, etp / t, 1.0)
+        m_e = T * k / local * expert_tp_token_share(cfg)
         ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local)
         ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local)
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f

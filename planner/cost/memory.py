@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.compute import Config, sp_degree
+from planner.cost.compute import Config, expert_tp_token_share, sp_degree
 from planner.specs.model import ModelSpec
 
 WEIGHT_BYTES = 2  # bf16 weights
@@ -156,8 +156,7 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         # (2kh per token of the etp ranks' shards: 2kh x etp / tp per local token with SP, 2kh without), and the
         # expert outputs kept for the routing probabilities' gradient before the combine (2kh on this rank's SP
         # shard)
-        gathered = np.where(cfg.sequence_parallel, cfg.expert_tp / np.asarray(t), 1.0)
-        per_token = per_token + 2 * model.experts_per_token * h * (gathered + 1 / sp)
+        per_token = per_token + 2 * model.experts_per_token * h * (expert_tp_token_share(cfg) + 1 / sp)
     scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
     lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
     per_token = per_token + np.where(flash, lse, np.where(mode == "none", scores, 0.0))

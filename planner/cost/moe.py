@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import ACT_BYTES, Config, sp_degree
+from planner.cost.compute import ACT_BYTES, Config, expert_tp_token_share, sp_degree
 from planner.cost.memory import dense_mlp_params
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
@@ -123,8 +123,8 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: com
             limited = node_limited_all_to_all_s(model, cluster, cfg, ep_group)
         a2a = np.where(ep_group.spans_nodes, limited, a2a)
     a2a = np.where(has_ep, a2a, 0.0)
-    share = np.where(cfg.sequence_parallel, cfg.expert_tp / np.asarray(cfg.tp), 1.0)
-    gathered = cfg.tokens_per_rank * share * model.experts_per_token * model.hidden_size * ACT_BYTES
+    per_token_bytes = model.experts_per_token * model.hidden_size * ACT_BYTES
+    gathered = cfg.tokens_per_rank * expert_tp_token_share(cfg) * per_token_bytes
     etp = comm.all_gather_s(cluster, etp_group, gathered) + comm.reduce_scatter_s(cluster, etp_group, gathered)
     etp = np.where(has_ep, etp, 0.0)  # all_gather_s is 0 for tp = 1
     one_way = 2 * a2a + etp
