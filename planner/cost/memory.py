@@ -231,17 +231,29 @@ class StageParams:
     largest_layer: float | np.ndarray  # the biggest single layer on this GPU (ZeRO-3 gathers it whole)
 
 
+# The ZeRO stage from which each model state is sharded over the data-parallel ranks (Rajbhandari et al. 2020,
+# Sec. 5: P_os, P_os+g, P_os+g+p)
+ZERO_SHARDED_FROM_STAGE = {"optimizer": 1, "gradients": 2, "weights": 3}
+
+
+def zero_sharded_params(dense, expert, zero_stage, dp_shard, expert_dp_shard, state: str):
+    """Parameters whose ``state`` (weights, gradients, optimizer) one GPU holds under ZeRO stage 0-3: all of them,
+    or from the stage that shards the state on (``ZERO_SHARDED_FROM_STAGE``) the dense ones over DP x CP and the
+    expert ones over the expert-DP group (Rajbhandari et al. 2020, Sec. 5)."""
+    return np.where(np.asarray(zero_stage) >= ZERO_SHARDED_FROM_STAGE[state],
+                    dense / dp_shard + expert / expert_dp_shard, dense + expert)
+
+
 def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
 
     Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers).
     """
     zero_stage, dp_shard = np.asarray(zero_stage), np.asarray(dp_shard)
-    whole, shard = p.dense + p.expert, p.dense / dp_shard + p.expert / expert_dp_shard
 
-    def sharded(min_stage: int):
-        return np.where(zero_stage >= min_stage, shard, whole)
+    def held(state: str):
+        return zero_sharded_params(p.dense, p.expert, zero_stage, dp_shard, expert_dp_shard, state)
 
     gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * WEIGHT_BYTES, 0.0)
-    return {"weights": sharded(3) * WEIGHT_BYTES + gathered, "gradients": sharded(2) * GRAD_BYTES,
-            "optimizer": sharded(1) * OPTIMIZER_BYTES}
+    return {"weights": held("weights") * WEIGHT_BYTES + gathered, "gradients": held("gradients") * GRAD_BYTES,
+            "optimizer": held("optimizer") * OPTIMIZER_BYTES}

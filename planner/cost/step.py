@@ -20,7 +20,7 @@ from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp
                                         expert_dp_degree, optimizer_step_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
-                                 model_state_bytes)
+                                 model_state_bytes, zero_sharded_params)
 from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
@@ -505,7 +505,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     t_dp = dp_exposed_s(coll, cfg.zero_stage, rank["fwd"], rank["bwd_in"] + rank["bwd_w"], rank["rec"], m,
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
                         gpu.comm_overlap_interference)
-    local = np.where(cfg.zero_stage >= 1, dense_p / dp_shard + expert_p / expert_dp_shard, dense_p + expert_p)
+    local = zero_sharded_params(dense_p, expert_p, cfg.zero_stage, dp_shard, expert_dp_shard, "optimizer")
     dp_exposed, opt_s = float(np.max(t_dp)), float(np.max(optimizer_step_s(local, gpu)))
     per_rank = [dict(zip(states, values)) for values in zip(*(np.broadcast_to(x, (p,)).tolist()
                                                                for x in states.values()))]

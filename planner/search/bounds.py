@@ -42,7 +42,7 @@ import numpy as np
 from planner.cost import comm
 from planner.cost.data_parallel import dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree, optimizer_step_s
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, layer_params_on_gpu,
-                                 model_state_bytes)
+                                 model_state_bytes, zero_sharded_params)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
 from planner.search.space import REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
@@ -423,12 +423,12 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
                                           space.col("ep")[g])
     grad_bytes = space.col("grb")[g]
     coll = np.zeros((n, 4))
-    full = sharded = np.zeros(n)
+    updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage
     rank0 = None
     for n_l, nm, extra, _, _, _ in _end_ranks(space, t, g):
         dense, expert = _local_params(t, g, n_l, nm, extra)
-        full = np.maximum(full, dense + expert)
-        sharded = np.maximum(sharded, dense / dp_shard + expert / edp_shard)
+        per_stage = [zero_sharded_params(dense, expert, z, dp_shard, edp_shard, "optimizer") for z in range(4)]
+        updated = np.maximum(updated, np.stack(per_stage, axis=1))
         c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes)
         z3 = np.where(once, c.zero3_per_gather_s, m * c.zero3_per_gather_s)
         coll = np.maximum(coll, np.stack([c.all_reduce_s, c.reduce_scatter_s + c.all_gather_s,
@@ -443,8 +443,7 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     fwd, bwd = F[:, 0], B[:, 0] + W[:, 0]
     ogr, opg = space.col("ogr")[g].astype(bool), space.col("opg")[g].astype(bool)
     const[:, 1] = np.stack([dp_exposed_s(rank0, z, fwd, bwd, fwd, m, once, ogr, opg, i) for z in range(4)], axis=1)
-    opt = np.stack([full, sharded, sharded, sharded], axis=1) * t.optimizer_s_per_param
-    return coef, const, opt
+    return coef, const, updated * t.optimizer_s_per_param
 
 
 def floored_group_bound(space: Space, pipe_s: np.ndarray, coef: np.ndarray, const: np.ndarray,
@@ -501,7 +500,7 @@ def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     out = np.zeros(len(g))
     for n, nm, extra, _, _, _ in _end_ranks(space, t, g):
         dense, expert = _local_params(t, g, n, nm, extra)
-        local = np.where(z >= 1, dense / t.dp_shard[g] + expert / t.expert_dp_shard[g], dense + expert)
+        local = zero_sharded_params(dense, expert, z, t.dp_shard[g], t.expert_dp_shard[g], "optimizer")
         out = np.maximum(out, local * t.optimizer_s_per_param)
     return out
 
