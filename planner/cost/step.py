@@ -29,8 +29,8 @@ from planner.specs.config import ConfigBatch, RunConfig, even_layer_split
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import ModelSpec
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "BatchCosts", "EndCost", "Estimate", "LAYER_COSTS", "LayerCost", "StageEstimate", "end_costs",
-           "batch_costs", "estimate", "layer_costs", "pipeline_send_s", "stage_layers"]
+__all__ = ["ADAM_BYTES_PER_PARAM", "BatchCosts", "EndCost", "Estimate", "LAYER_COSTS", "LayerCost", "StageEstimate",
+           "end_costs", "batch_costs", "estimate", "layer_costs", "pipeline_send_s", "stage_layers"]
 
 
 @dataclass(frozen=True)
