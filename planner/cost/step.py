@@ -149,9 +149,12 @@ class LayerCost:
         return self.bwd_input_s + self.bwd_comm_s
 
 
-def _floats(obj):
-    """The same dataclass with every field a Python float (one configuration's costs, for the scalar step)."""
-    return type(obj)(**{f.name: float(getattr(obj, f.name)) for f in fields(obj)})
+def _floats(obj, row: int | None = None):
+    """The same dataclass with every field a Python float (one configuration's costs, for the scalar step): the
+    fields as they are, or entry ``row`` of a batch's (a field the batch does not vary may be a single number)."""
+    def pick(x):
+        return x if row is None or not np.ndim(x) else x[row]
+    return type(obj)(**{f.name: float(pick(getattr(obj, f.name))) for f in fields(obj)})
 
 
 def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: comm.GroupPlacement, linear_gemm_s):
@@ -266,11 +269,6 @@ def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, prec
             precision, etp)
 
 
-def _row(x, i: int):
-    """Entry i of a batch field (a field the batch does not vary may be a single number)."""
-    return x[i] if np.ndim(x) else x
-
-
 class LayerCostCache:
     """Layer and end costs of single configurations (as floats), memoized per (model, cluster) on
     :func:`_layer_key`, so the many configurations a search evaluates that differ only in ZeRO stage, pipeline
@@ -317,14 +315,10 @@ class LayerCostCache:
         """Enter row ``i`` of a batch's costs (:func:`batch_costs`) as configuration ``cfg``'s, whose layer key
         must be that row's: the search computes its layer keys' costs in one batch and seeds the rows it
         evaluates exactly."""
-        values = self.values.setdefault((model, cluster), {})
         key = self._key(cfg)
         for tag, arrays in ((False, costs.dense), (True, costs.moe), ("end", costs.ends)):
-            if arrays is not None and key + (tag,) not in values:
-                if len(values) >= self.max_entries:
-                    values.clear()
-                values[key + (tag,)] = type(arrays)(**{f.name: float(_row(getattr(arrays, f.name), i))
-                                                       for f in fields(arrays)})
+            if arrays is not None:
+                self._get(model, cluster, key + (tag,), lambda arrays=arrays: _floats(arrays, i))
 
 
 @dataclass(frozen=True)
