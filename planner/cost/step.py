@@ -328,6 +328,7 @@ class BatchCosts:
     dense: LayerCost
     moe: LayerCost | None
     ends: EndCost
+    groups: comm.Groups  # the process groups they were costed over (``comm.groups_for`` with dp = pp = 1)
 
 
 def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> BatchCosts:
@@ -336,7 +337,7 @@ def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> Batch
     groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
     return BatchCosts(dense=layer_costs(model, cluster, batch, groups, moe=False),
                       moe=layer_costs(model, cluster, batch, groups, moe=True) if model.is_moe else None,
-                      ends=end_costs(model, cluster, batch, groups))
+                      ends=end_costs(model, cluster, batch, groups), groups=groups)
 
 
 #: the cost model's memo of single configurations' layer costs (filled by estimate() and the search)

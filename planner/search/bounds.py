@@ -39,7 +39,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.cost import comm
 from planner.cost.data_parallel import dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree, optimizer_step_s
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, layer_params_on_gpu,
                                  model_state_bytes, zero_sharded_params)
@@ -262,9 +261,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
     and one MoE layer's F / B / W, the embedding and LM head times and the per-layer activation bytes, composed as
     ``step.estimate`` composes them; and one pipeline send (``step.pipeline_send_s``) inside a node and across
     nodes."""
-    groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
-    sends = tuple(np.broadcast_to(pipeline_send_s(model, cluster, batch, replace(groups, pp_spans_nodes=spans), 2),
-                                  (len(batch),)) for spans in (False, True))
+    placed = (replace(costs.groups, pp_spans_nodes=spans) for spans in (False, True))
+    sends = tuple(np.broadcast_to(pipeline_send_s(model, cluster, batch, groups, 2), (len(batch),))
+                  for groups in placed)
     return _compose_tables(model, costs.dense, costs.moe, costs.ends, len(batch)), sends
 
 
