@@ -34,13 +34,18 @@ def load_runs(path: Path = RUNS_FILE) -> list[dict]:
     return json.loads(path.read_text())["runs"]
 
 
+def run_config(layout: dict) -> RunConfig:
+    """A validation row's layout (JSON: its ``layers_per_stage`` a list) as a RunConfig."""
+    conf = dict(layout)
+    if conf.get("layers_per_stage") is not None:
+        conf["layers_per_stage"] = tuple(conf["layers_per_stage"])
+    return RunConfig(**conf)
+
+
 def evaluate_run(run: dict) -> ValidationRow:
     model = model_from_config(run["model"], source=run["id"], default_name=run["model"].get("name", run["id"]))
     cluster = load_cluster(run["cluster"])
-    conf = dict(run["config"])
-    if conf.get("layers_per_stage") is not None:
-        conf["layers_per_stage"] = tuple(conf["layers_per_stage"])
-    cfg = RunConfig(**conf)
+    cfg = run_config(run["config"])
     est = estimate(model, cluster, cfg)
     metric = run["measured"]["metric"]
     if metric == "step_time_s":
@@ -104,10 +109,7 @@ def modern_model_ref(run: dict) -> str:
 
 
 def modern_config(run: dict) -> RunConfig:
-    conf = dict(run["layout"])
-    if conf.get("layers_per_stage") is not None:
-        conf["layers_per_stage"] = tuple(conf["layers_per_stage"])
-    return RunConfig(**conf)
+    return run_config(run["layout"])
 
 
 def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
