@@ -48,8 +48,7 @@ def precision_class(precision: str) -> str:
 
 def compute_bands() -> dict:
     """Every cell's rows and mean |error|, from the papers' set and the modern set."""
-    from planner.specs.model import load_model
-    from planner.validation.compare import load_modern_runs, modern_model_ref, validate, validate_modern
+    from planner.validation.compare import load_modern_runs, validate, validate_modern
 
     cells: dict[tuple[str, str, str], list[tuple[str, float]]] = {}
     for row in validate():
@@ -61,7 +60,7 @@ def compute_bands() -> dict:
         if row.estimated is None:
             continue
         run = runs[row.id]
-        moe = "MoE" if load_model(modern_model_ref(run)).is_moe else "dense"
+        moe = "MoE" if "MoE" in row.groups else "dense"  # compare.row_groups: the model has routed experts
         key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), moe)
         cells.setdefault(key, []).append((row.id, row.error))
     return {"bands": [{"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v],
