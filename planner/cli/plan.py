@@ -13,11 +13,8 @@ from planner.cli.render import print_estimate
 from planner.errors import PlannerError
 from planner.plan import Plan, dumps, search_plans
 from planner.specs.config import PRECISIONS
-from planner.specs.stack import DEFAULT_STACK, LAUNCHER_STACKS, load_stack
+from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
-
-#: --stack value that searches everything the cost model knows, whatever runs it
-ANY_STACK = "any"
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
@@ -152,7 +149,7 @@ def plan(
         from planner.export import TARGETS
         if emit not in TARGETS:
             raise PlannerError(f"unknown launcher '{emit}'", source="--emit", fix=f"use one of: {', '.join(TARGETS)}")
-    stack_name = stack or (LAUNCHER_STACKS[emit] if emit is not None else DEFAULT_STACK)
+    stack_name = stack_name_for(stack or None, emit)  # an empty --stack means the default here
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
     hw = load_cluster(cluster)

@@ -55,13 +55,10 @@ def result_table(df: Any) -> Table:
 
 
 def _sweep_stack(stack: str | None, launcher: str | None) -> str | None:
-    """The CLI's stack: the given one ('any': none), else the launcher's, else the default stack."""
-    from planner.specs.stack import DEFAULT_STACK, LAUNCHER_STACKS
-    if stack == "any":
-        return None
-    if stack is not None:
-        return stack
-    return LAUNCHER_STACKS.get(launcher, DEFAULT_STACK) if launcher is not None else DEFAULT_STACK
+    """The stack the sweep's searches run under (``specs.stack.stack_name_for``); None for ``ANY_STACK``."""
+    from planner.specs.stack import ANY_STACK, stack_name_for
+    name = stack_name_for(stack, launcher)
+    return None if name == ANY_STACK else name
 
 
 @app.command()

@@ -27,6 +27,16 @@ OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather",
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "deepspeed": "deepspeed"}
+#: the --stack value of plan / sweep that searches everything the cost model knows, whatever runs it
+ANY_STACK = "any"
+
+
+def stack_name_for(stack: str | None, launcher: str | None) -> str:
+    """The stack a search runs under: the one named (``ANY_STACK`` included), else the launcher's, else
+    ``DEFAULT_STACK``."""
+    if stack is not None:
+        return stack
+    return LAUNCHER_STACKS.get(launcher, DEFAULT_STACK) if launcher is not None else DEFAULT_STACK
 
 
 @dataclass(frozen=True)
