@@ -85,12 +85,19 @@ def search_line(stats: dict) -> str:
             f"{stats['exact_evaluations']:,} estimated exactly")
 
 
+def runner_up_margin(plan: Plan) -> float | None:
+    """How much slower the runner-up's step is than the winner's (relative), or None without a runner-up."""
+    if not plan.alternatives:
+        return None
+    return plan.alternatives[0].estimate.step_time_s / plan.estimate.step_time_s - 1
+
+
 def tie_note(plan: Plan, accuracy: dict) -> str:
     """Whether the winner's margin over the runner-up is inside the model's error band (a tie under the model's
     accuracy), or outside it."""
-    if not plan.alternatives:
+    margin = runner_up_margin(plan)
+    if margin is None:
         return ""
-    margin = plan.alternatives[0].estimate.step_time_s / plan.estimate.step_time_s - 1
     band = accuracy["mean_abs_error"]
     if margin < band:
         return (f"#1 leads #2 by {100 * margin:.1f}%, inside the model's ±{100 * band:.1f}% error band on such "
@@ -171,8 +178,8 @@ def plan(
 
         write_export(result.to_dict(), emit, out, source="plan", option="--emit")
     accuracy = band_for(hw.gpu.name, precision, spec.is_moe).to_dict()
-    if result.alternatives:
-        margin = result.alternatives[0].estimate.step_time_s / result.estimate.step_time_s - 1
+    margin = runner_up_margin(result)
+    if margin is not None:
         accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]
     if json_out:
         typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name, "accuracy": accuracy}), nl=False)
