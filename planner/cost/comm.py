@@ -123,8 +123,12 @@ def groups_for(cluster: Cluster, tp, cp, dp, pp, ep=1, etp=None) -> Groups:
     gpn = cluster.gpus_per_node
     tp, cp = np.asarray(tp), np.asarray(cp)
     etp = tp if etp is None else np.asarray(etp)
-    # every rank's send is costed alike, so the slowest hop sets the link (as for the CP ring): NVLink only when
-    # the whole pipeline sits in one node
-    spans = (np.asarray(pp) > 1) & (tp * cp * np.asarray(dp) * np.asarray(pp) > gpn)
     return Groups(tp=place_group(tp, 1, gpn), cp=place_group(cp, tp, gpn), ep=place_group(ep, etp, gpn),
-                  pp_spans_nodes=spans, etp=place_group(etp, 1, gpn))
+                  pp_spans_nodes=pipeline_spans_nodes(cluster, tp, cp, dp, pp), etp=place_group(etp, 1, gpn))
+
+
+def pipeline_spans_nodes(cluster: Cluster, tp, cp, dp, pp):
+    """Whether a pipeline send crosses the NIC. Every rank's send is costed alike, so the slowest hop sets the link
+    (as for the CP ring): NVLink only when the whole pipeline (pp > 1 stages of tp x cp x dp ranks, pp outermost
+    in Megatron's rank order) sits in one node."""
+    return (np.asarray(pp) > 1) & (np.asarray(tp) * cp * np.asarray(dp) * np.asarray(pp) > cluster.gpus_per_node)

@@ -39,6 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.cost import comm
 from planner.cost.data_parallel import dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree, optimizer_step_s
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, layer_params_on_gpu,
                                  model_state_bytes, zero_sharded_params)
@@ -172,8 +173,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     t_ = {k: PerKey(v, layer_key) for k, v in tab.items()}
     # ---- pipeline sends: each chunk of each rank sends its boundary activation forward and its gradient back, one
     # send each per micro-batch (step.estimate folds them into F and B), over the NIC once the pipeline spans nodes
-    # (comm.groups_for's rule)
-    across = space.dp * tp * cp * pp > cluster.gpus_per_node
+    across = comm.pipeline_spans_nodes(cluster, tp, cp, space.dp, pp)
     p2p = np.where(pp > 1, np.where(across, sends[1][layer_key], sends[0][layer_key]), 0.0)
     all_sends = pp * vpp * p2p  # whole pipeline, one direction, one micro-batch
     t_["fwd"] = tab["fwd"][layer_key] + all_sends
