@@ -8,6 +8,7 @@ from planner.cost.compute import (gpt_full_recompute_flops_eq3, gpt_model_flops_
 from planner.cost.memory import (activation_bytes_per_layer, active_params, gpt_params_eq2, korthikanti_table2,
                                  model_state_bytes, StageParams, total_params)
 from planner.specs.config import RunConfig
+from planner.specs.collectives import IDEAL_COLLECTIVES
 from planner.specs.hardware import Cluster, Link, load_cluster
 from planner.specs.model import load_model, model_from_config
 
@@ -118,7 +119,8 @@ def test_zero_paper_7_5b_on_64_gpus():
 # ---- collectives -------------------------------------------------------------------------------------------------
 def _toy_cluster(intra_gb_s=100.0, inter_gb_s=10.0, gpn=8):
     a100 = load_cluster("a100-80gb-sxm")
-    return Cluster("toy", a100.gpu, gpn, Link("nv", intra_gb_s * 1e9, 0.0, 1.0), Link("ib", inter_gb_s * 1e9, 0.0, 1.0))
+    return Cluster("toy", a100.gpu, gpn, Link("nv", intra_gb_s * 1e9, 0.0, 1.0), Link("ib", inter_gb_s * 1e9, 0.0, 1.0),
+                   collectives=IDEAL_COLLECTIVES)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
@@ -145,11 +147,20 @@ def test_group_spanning_nodes_is_limited_by_the_nic():
     assert comm.p2p_s(c, False, M) == pytest.approx(M / 100e9)
 
 
-def test_latency_term_per_ring_step():
+def test_collective_latency_is_nccls_tuner_composition():
+    """NCCL v2.30 src/graph/tuning.cc: a tiny all-reduce costs the fastest protocol's base latency plus its hop
+    latencies. 8 ranks in a node: ring LL, 6.6 + 2*7*0.6 = 15.0 us. 16 ranks on 2 nodes: tree LL,
+    6.8 + 2*(7*0.6 + log2(2)*5.0) = 25.2 us (the ring's 6.6 + 2*14*0.6 + 2*1*2.7 = 28.8 us loses)."""
     a100 = load_cluster("a100-80gb-sxm")
-    c = Cluster("toy", a100.gpu, 8, Link("nv", 1e12, 5e-6, 1.0), Link("ib", 1e11, 1e-5, 1.0))
-    g = comm.place_group(8, 1, 8)
-    assert comm.all_reduce_s(c, g, 1.0) == pytest.approx(2 * 7 / 8 / 1e12 + 2 * 7 * 5e-6)
+    c = Cluster("toy", a100.gpu, 8, Link("nv", 1e15, 5e-6, 1.0), Link("ib", 1e15, 1e-5, 1.0))
+    assert comm.all_reduce_s(c, comm.place_group(8, 1, 8), 1.0) == pytest.approx(15.0e-6, rel=1e-6)
+    assert comm.all_reduce_s(c, comm.place_group(16, 1, 8), 1.0) == pytest.approx(25.2e-6, rel=1e-6)
+    # reduce-scatter over 16 ranks on 2 nodes, ring LL: 6.6 + 14*0.6 + 1*2.7 = 17.7 us
+    assert comm.reduce_scatter_s(c, comm.place_group(16, 1, 8), 1.0) == pytest.approx(17.7e-6, rel=1e-6)
+    # one rank per node: the network hops take the tree's latency (5.0 us for LL): 6.6 + 3*5.0 = 21.6 us
+    assert comm.reduce_scatter_s(c, comm.place_group(4, 8, 8), 1.0) == pytest.approx(21.6e-6, rel=1e-6)
+    # point-to-point keeps the link's own message latency
+    assert comm.p2p_s(c, True, 1.0) == pytest.approx(1e-5, rel=1e-6)
 
 
 @pytest.mark.parametrize("tp,cp,dp,pp,crosses", [

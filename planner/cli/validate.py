@@ -10,9 +10,10 @@ from rich.table import Table
 
 from planner.cli.app import app, choice, console, handle_errors
 from planner.validation import validate as run_validation
+from planner.validation.collectives import compare as compare_collectives
 from planner.validation.compare import GROUPS, validate_modern
 
-SETS = ("papers", "modern", "all")
+SETS = ("papers", "modern", "collectives", "all")
 
 
 def _summary(errors: list[float]) -> dict:
@@ -43,14 +44,15 @@ def _pct(x: float | None) -> str:
 @handle_errors
 def validate(
     which: str = typer.Option("all", "--set", help="papers (Megatron-LM 2021-22, A100) | modern (current stacks: "
-                                                   "H100/H800/B200, bf16/fp8/mxfp8, dense and MoE) | all"),
+                                                   "H100/H800/B200, bf16/fp8/mxfp8, dense and MoE) | "
+                                                   "collectives (published nccl-tests figures) | all"),
     show_commands: bool = typer.Option(False, "--show-commands",
                                        help="Print each modern row's `planner estimate` command"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
 ) -> None:
     """Compare the cost model with published runs: the papers' set (Korthikanti 2022 Table 5, Narayanan 2021
-    Table 1, Llama 3 held out) and the modern set (Megatron-Core, NeMo, Megatron-Bridge, DeepSeek-V3), with the
-    error per row, per group and overall."""
+    Table 1, Llama 3 held out), the modern set (Megatron-Core, NeMo, Megatron-Bridge, DeepSeek-V3) and the collective
+    model against published nccl-tests figures, with the error per row, per group and overall."""
     choice(which, SETS, "--set")
     out: dict = {}
     con = None if json_out else console()
@@ -59,7 +61,7 @@ def validate(
         out["papers"] = {}
         for table in sorted({r.table for r in rows}, reverse=True):
             rs = [r for r in rows if r.table == table]
-            out["papers"][table] = {"rows": [{"id": r.id, "metric": r.metric, "measured": r.measured,
+            out["papers"][table] = {"runs": [{"id": r.id, "metric": r.metric, "measured": r.measured,
                                               "estimated": r.estimated, "error": r.error} for r in rs],
                                     **_summary([r.error for r in rs])}
             if con is not None:
@@ -97,5 +99,22 @@ def validate(
             if show_commands:
                 for r in rows:
                     con.print(f"# {r.id}\n{r.command}", soft_wrap=True)
+    if which in ("collectives", "all"):
+        rows = compare_collectives()
+        out["collectives"] = {"runs": [{"id": r.id, "metric": r.metric, "measured": r.measured,
+                                        "estimated": r.estimated, "error": r.error, "source": r.source,
+                                        "in_sample": r.in_sample or None}
+                                       for r in rows], **_summary([r.error for r in rows])}
+        if con is not None:
+            t = Table(title="collectives: published nccl-tests figures vs the collective model (NCCL's tuner model)")
+            for col in ("run", "metric", "measured", "estimated", "error", "sets a profile value"):
+                t.add_column(col, justify="left" if col in ("run", "sets a profile value") else "right")
+            for r in rows:
+                t.add_row(r.id, r.metric, f"{r.measured:.2f}", f"{r.estimated:.2f}", f"{100 * r.error:+.1f}%",
+                          "yes" if r.in_sample else "no: independent check")
+            con.print(t)
+            summary = out["collectives"]
+            con.print(f"collectives: mean |error| {100 * summary['mean_abs_error']:.2f}%, "
+                      f"max |error| {100 * summary['max_abs_error']:.2f}%")
     if json_out:
         typer.echo(json.dumps(out, indent=2, sort_keys=True))

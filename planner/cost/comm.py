@@ -1,11 +1,22 @@
-"""Communication cost: ring collectives over a two-level network (NVLink domain inside a node, NIC across nodes).
+"""Communication cost: NCCL's collectives over a two-level network (NVLink domain inside a node, NIC across nodes).
 
-Collective formulas (Thakur et al. 2005; NCCL's bus-bandwidth convention), n ranks, message M bytes, bus
-bandwidth beta, per-step latency alpha:
-    all-reduce       2 (n-1)/n M / beta + 2 (n-1) alpha
-    reduce-scatter   (n-1)/n M / beta + (n-1) alpha        (all-gather the same)
-    all-to-all       (n-1)/n M / beta + (n-1) alpha
-    point-to-point   M / beta + alpha
+Each collective is priced the way NCCL's own tuner prices it (NVIDIA/nccl v2.30, src/graph/tuning.cc,
+``ncclTopoTuneModel``), with its constants as data (``collectives/*.json``, :class:`CollectiveLibrary`): for every
+algorithm and protocol (LL, LL128, Simple) a latency (a base latency plus one per hop, NVLink hops and network hops
+apart) and a bandwidth (the link's bus bandwidth times the protocol's share); the call takes the fastest. For n
+ranks on `nodes` nodes, message M bytes, bus bandwidth beta:
+
+    ring reduce-scatter / all-gather   base + (n - nodes) h_nvl + (nodes - 1) h_net + (n-1)/n M / (share beta)
+    ring all-reduce                    base + 2 (n - nodes) h_nvl + 2 (nodes - 1) h_net + 2 (n-1)/n M / (share beta)
+    tree all-reduce (across nodes)     base + 2 ((k - 1) h_nvl + floor(log2 nodes) h_net) + 2 M / (share beta)
+    NVLS all-reduce (inside a node)    h_nvls + max(2 (n-1)/n M / beta_nvls, M / beta)
+    all-to-all                         (n-1)/n M / beta + (n-1) alpha       (point-to-point based)
+    point-to-point                     M / beta + alpha
+
+(k members per node; a ring with one member per node takes the tree's network hop latency, as NCCL's tuner does.)
+The NVLS rate ``beta_nvls`` is the profile's measured NVLink SHARP bus bandwidth; the second term is the wire: every
+rank still sends and receives M over its own NVLink. Point-to-point transfers (pipeline sends, CP ring steps, the
+all-to-all's pairwise exchanges) take the link's own message latency ``alpha``.
 
 Placement: ranks are laid out Megatron's way, TP fastest, then CP, then DP (with EP inside DP x CP), then PP
 ("tp-cp-ep-dp-pp"). A group whose members sit inside one node uses the intra-node link. A group spanning nodes
@@ -20,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.specs.collectives import CollectiveLibrary
 from planner.specs.hardware import Cluster
 
 
@@ -31,6 +43,11 @@ class GroupPlacement:
     size: int | np.ndarray
     members_per_node: int | np.ndarray
     spans_nodes: bool | np.ndarray
+
+    @property
+    def nodes(self):
+        """Nodes the group's members sit on (1 inside a node)."""
+        return np.where(self.spans_nodes, np.asarray(self.size) // np.maximum(1, self.members_per_node), 1)
 
 
 def place_group(size, stride, gpus_per_node: int) -> GroupPlacement:
@@ -55,31 +72,78 @@ def link_of(cluster: Cluster, spans_nodes) -> tuple[np.ndarray, np.ndarray]:
     return bw, np.where(spans_nodes, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
 
 
-def ring_link(cluster: Cluster, g: GroupPlacement) -> tuple[np.ndarray, np.ndarray]:
-    """(bus bandwidth bytes/s, per-step latency s) that a ring collective over this group reaches: the intra-node
-    link inside a node; across nodes k NICs' worth (one NCCL channel per NIC), capped by the intra-node link."""
+def ring_bandwidth(cluster: Cluster, g: GroupPlacement) -> np.ndarray:
+    """Bus bandwidth (bytes/s) a ring (or tree) over this group reaches: the intra-node link inside a node; across
+    nodes k NICs' worth (one NCCL channel per NIC), capped by the intra-node link."""
     intra = cluster.intra_node.bus_bandwidth_bytes_per_s
     inter = cluster.inter_node.bus_bandwidth_bytes_per_s * g.members_per_node
-    bw = np.where(g.spans_nodes, np.minimum(intra, inter), intra)
-    return bw, np.where(g.spans_nodes, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
+    return np.where(g.spans_nodes, np.minimum(intra, inter), intra)
+
+
+def _fastest_protocol(base_s, hop_s, share, wire_bytes, bandwidth):
+    """min over NCCL's protocols of latency + bytes / (share x bandwidth): ``base_s`` and ``share`` are per-protocol
+    tuples, ``hop_s(p)`` the hop latencies of protocol p (arrays); a protocol with share 0 is off."""
+    best = None
+    for p, (b, sh) in enumerate(zip(base_s, share)):
+        if sh <= 0:
+            continue
+        t = b + hop_s(p) + wire_bytes / (sh * bandwidth)
+        best = t if best is None else np.minimum(best, t)
+    return best
+
+
+def _ring_s(lib: CollectiveLibrary, g: GroupPlacement, wire_bytes, passes: int, bandwidth):
+    """A ring of ``passes`` passes (1: reduce-scatter or all-gather; 2: all-reduce), each n - 1 steps of which
+    nodes - 1 cross the network; a ring with one member per node takes the tree's network hop latency (NCCL's
+    tuner: with one rank per node every hop's latency is exposed)."""
+    n, nodes, one_per_node = np.asarray(g.size), g.nodes, np.asarray(g.members_per_node) <= 1
+    nvl_steps, net_steps = passes * (n - nodes), passes * (nodes - 1)
+
+    def hops(p):
+        net_hop = np.where(one_per_node, lib.tree_net_hop_s[p], lib.ring_net_hop_s[p])
+        return nvl_steps * lib.ring_nvlink_hop_s[p] + net_steps * net_hop
+    return _fastest_protocol(lib.ring_base_s, hops, lib.ring_bandwidth_share, wire_bytes, bandwidth)
 
 
 def reduce_scatter_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
-    """Ring reduce-scatter (or all-gather) of a full M-byte buffer: (n-1)/n M / beta + (n-1) alpha; 0 for one
-    member or an empty message."""
+    """Reduce-scatter (or all-gather) of a full M-byte buffer, NCCL's ring at its fastest protocol (module
+    docstring); 0 for one member or an empty message."""
     n = g.size
-    bw, lat = ring_link(cluster, g)
-    t = (n - 1) / n * msg_bytes / bw + (n - 1) * lat
-    return np.where((n <= 1) | (np.asarray(msg_bytes) <= 0), 0.0, t)
+    msg = np.asarray(msg_bytes, dtype=float)
+    t = _ring_s(cluster.collectives, g, (n - 1) / n * msg, 1, ring_bandwidth(cluster, g))
+    return np.where((n <= 1) | (msg <= 0), 0.0, t)
 
 
 all_gather_s = reduce_scatter_s
 
 
-def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
-    """Ring all-reduce, a reduce-scatter then an all-gather of the same buffer: 2 (n-1)/n M / beta + 2 (n-1) alpha
-    (Thakur et al. 2005; formulas.md)."""
-    return 2 * reduce_scatter_s(cluster, g, msg_bytes)
+def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes, algorithm: str | None = None):
+    """All-reduce of an M-byte buffer: the fastest of NCCL's ring, its tree (groups spanning nodes) and NVLink SHARP
+    (groups inside a node whose switch has it), each at its fastest protocol (module docstring; Thakur et al. 2005
+    for the ring's 2 (n-1)/n M). ``algorithm`` ("ring", "tree", "nvls") pins one, as NCCL_ALGO does; one that
+    cannot run on the group costs infinity."""
+    lib, n, k = cluster.collectives, g.size, g.members_per_node
+    msg = np.asarray(msg_bytes, dtype=float)
+    bw = ring_bandwidth(cluster, g)
+    inf = np.full(np.broadcast(msg, n).shape, np.inf)
+    ring = _ring_s(lib, g, 2 * (n - 1) / n * msg, 2, bw)
+    spans = np.asarray(g.spans_nodes)
+    tree = None
+    if spans.any():  # the tree runs across nodes only
+        log_nodes = np.floor(np.log2(np.maximum(1, g.nodes)))
+        tree = _fastest_protocol(
+            lib.tree_base_s, lambda p: 2 * ((k - 1) * lib.tree_nvlink_hop_s[p] + log_nodes * lib.tree_net_hop_s[p]),
+            lib.tree_bandwidth_share, 2 * msg, bw)
+    tree = inf if tree is None else np.where(spans, tree, np.inf)
+    nvls_bw = cluster.intra_node.nvls_bus_bandwidth_bytes_per_s
+    nvls = inf if nvls_bw <= 0 or spans.all() else np.where(
+        g.spans_nodes, np.inf, lib.nvls_nvlink_hop_s + np.maximum(2 * (n - 1) / n * msg / nvls_bw,
+                                                                  msg / cluster.intra_node.bus_bandwidth_bytes_per_s))
+    options = {"ring": ring, "tree": tree, "nvls": nvls}
+    if algorithm is not None and algorithm not in options:
+        raise ValueError(f"algorithm must be one of {sorted(options)}, got {algorithm!r}")
+    t = options[algorithm] if algorithm else np.minimum(ring, np.minimum(tree, nvls))
+    return np.where((n <= 1) | (msg <= 0), 0.0, t)
 
 
 def all_to_all_s(cluster: Cluster, g: GroupPlacement, msg_bytes):

@@ -69,18 +69,19 @@ class DPCollectives:
 
 def dp_collectives(cluster: Cluster, dense_group: comm.GroupPlacement, expert_group: comm.GroupPlacement,
                    dense_params, expert_params, grad_reduce_bytes) -> DPCollectives:
-    """Ring collectives (``planner.cost.comm``) over the dense and expert DP groups for the given parameters, added
+    """NCCL collectives (``planner.cost.comm``) over the dense and expert DP groups for the given parameters, added
     up; the gradients travel at ``grad_reduce_bytes`` per element, the weights in bf16. Per group, the two buffers
-    (gradients, weights) go through one reduce-scatter evaluation along a leading axis; the all-gather is the same
-    ring pass and the all-reduce is both (``comm.all_reduce_s``)."""
+    (gradients, weights) go through one reduce-scatter evaluation along a leading axis (the all-gather is the same
+    ring); the all-reduce is NCCL's fastest algorithm (``comm.all_reduce_s``: ring, tree or NVLink SHARP)."""
     def per_group(group: comm.GroupPlacement, params):
         buffers = np.stack(np.broadcast_arrays(params * grad_reduce_bytes, params * WEIGHT_BYTES))
         return comm.reduce_scatter_s(cluster, group, buffers)
 
     rs_dense, ag_dense = per_group(dense_group, dense_params)
     rs_expert, ag_expert = per_group(expert_group, expert_params)
-    rs = rs_dense + rs_expert
-    return DPCollectives(all_reduce_s=2 * rs, reduce_scatter_s=rs, all_gather_s=ag_dense + ag_expert)
+    ar = comm.all_reduce_s(cluster, dense_group, dense_params * grad_reduce_bytes) + \
+        comm.all_reduce_s(cluster, expert_group, expert_params * grad_reduce_bytes)
+    return DPCollectives(all_reduce_s=ar, reduce_scatter_s=rs_dense + rs_expert, all_gather_s=ag_dense + ag_expert)
 
 
 def dp_exposed_s(c: DPCollectives, zero_stage, fwd_s, bwd_s, recompute_s, num_microbatches, gathers_once_per_step,

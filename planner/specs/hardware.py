@@ -7,7 +7,7 @@ dataclasses hold SI units (FLOP/s, bytes, bytes/s, seconds).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import PlannerError
+from planner.specs.collectives import DEFAULT_COLLECTIVE_LIBRARY, CollectiveLibrary, load_collective_library
 from planner.specs.model import MAX_CONFIG_INT, _data_dir, _resolve, read_json_file
 
 #: GEMM precisions narrower than bf16 a profile may give a dense peak for (``peak_<name>_tflops``)
@@ -104,6 +105,9 @@ class Link:
     bandwidth_bytes_per_s: float
     latency_s: float
     efficiency: float
+    #: all-reduce bus bandwidth of NVLink SHARP (NVSwitch multicast and in-switch reduction) inside the node, as
+    #: nccl-tests report it; 0 where the switch has none (then rings and trees only)
+    nvls_bus_bandwidth_bytes_per_s: float = 0.0
 
     @property
     def bus_bandwidth_bytes_per_s(self) -> float:
@@ -119,6 +123,8 @@ class Cluster:
     inter_node: Link  # the GPU's NIC share (InfiniBand / RoCE), per GPU
     max_gpus: int = 0  # 0 = unbounded
     source: str = ""
+    #: the collective library's own cost model (NCCL's tuner constants), ``collectives/*.json``
+    collectives: CollectiveLibrary = field(default_factory=load_collective_library)
 
 
 def hardware_profiles_dir() -> Path:
@@ -172,6 +178,8 @@ def _link(d: Any, source: str, section: str) -> Link:
         bandwidth_bytes_per_s=_num(d, "bandwidth_gb_s", source, section) * GB,
         latency_s=_num(d, "latency_us", source, section, positive=False) * US,
         efficiency=_num(d, "efficiency", source, section, maximum=1.0),
+        nvls_bus_bandwidth_bytes_per_s=_num(d, "nvls_bus_bandwidth_gb_s", source, section, positive=False,
+                                            default=0.0) * GB,
     )
 
 
@@ -246,4 +254,13 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         intra_node=_link(node.get("intra_node"), source, "node.intra_node"),
         inter_node=_link(data.get("inter_node"), source, "inter_node"),
         max_gpus=max_gpus, source=str(data.get("source", "")),
+        collectives=load_collective_library(_library_name(data, source)),
     )
+
+
+def _library_name(data: dict, source: str) -> str:
+    name = data.get("collective_library", DEFAULT_COLLECTIVE_LIBRARY)
+    if not isinstance(name, str):
+        raise PlannerError(f"must be a library name or path, got {name!r}", source=source,
+                           field="collective_library", fix="e.g. \"nccl-2.30\" (files in collectives/)")
+    return name

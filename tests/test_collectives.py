@@ -1,0 +1,122 @@
+"""The collective model (planner.cost.comm: NCCL's own tuner model, its constants in collectives/nccl-2.30.json)
+against published nccl-tests measurements (planner/validation/collective_runs.json, each row with its source and
+quote), and the invariants any NCCL-like cost model keeps."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.cost import comm
+from planner.specs.collectives import load_collective_library, library_from_dict
+from planner.specs.hardware import load_cluster
+from planner.errors import PlannerError
+from planner.validation.collectives import compare
+
+H100 = load_cluster("h100-80gb-sxm")
+A100 = load_cluster("a100-80gb-sxm")
+ROWS = {r.id: r for r in compare()}
+
+
+@pytest.mark.parametrize("row_id", [i for i, r in ROWS.items() if r.metric == "busbw_gb_s"])
+def test_bus_bandwidth_within_10_percent_of_published_nccl_tests(row_id):
+    """Issue 10: collective model vs published nccl-tests figures (inside a node, 2 and 3 nodes) within 10%."""
+    r = ROWS[row_id]
+    assert abs(r.error) <= 0.10, f"{row_id}: measured {r.measured} GB/s, model {r.estimated:.1f} GB/s"
+
+
+def test_small_message_latency_is_nccls_tuner_estimate():
+    """An 8-byte all-reduce between two A100 nodes measured 18.96 us (nccl-tests issue 150); NCCL's tuner model
+    predicts 16.6 us (ring LL: 6.6 us base + 2 network hops at the tree's 5.0 us, one rank per node). The 12% left
+    is the kernel launch and host timing nccl-tests includes and the tuner model does not: pinned so a change of
+    the composition shows, at the tuner's own accuracy."""
+    r = ROWS["nccl-tests-150-A100-2node-latency"]
+    assert r.estimated == pytest.approx(16.6, abs=0.01)
+    assert -0.15 <= r.error <= 0
+
+
+def test_nvls_wins_inside_an_h100_node_and_rings_elsewhere():
+    g8 = comm.place_group(8, 1, 8)
+    big = 8 * 2**30
+    assert comm.all_reduce_s(H100, g8, big) == pytest.approx(comm.all_reduce_s(H100, g8, big, algorithm="nvls"))
+    assert comm.all_reduce_s(H100, g8, big, algorithm="nvls") < comm.all_reduce_s(H100, g8, big, algorithm="ring")
+    # A100's NVSwitch has no SHARP: NVLS cannot run, the ring is the answer
+    assert np.isinf(comm.all_reduce_s(A100, g8, big, algorithm="nvls"))
+    assert comm.all_reduce_s(A100, g8, big) == pytest.approx(comm.all_reduce_s(A100, g8, big, algorithm="ring"))
+    with pytest.raises(ValueError):
+        comm.all_reduce_s(H100, g8, big, algorithm="collnet")
+
+
+def test_tree_wins_small_all_reduces_across_many_nodes_and_ring_large_ones():
+    """NCCL's known choice: the tree's log2(nodes) latency beats the ring's linear one for small messages across
+    many nodes; the ring's full bandwidth beats the tree's 0.92 share for large ones."""
+    many, two = comm.place_group(1024, 1, 8), comm.place_group(16, 1, 8)  # 128 nodes / 2 nodes, 8 ranks each
+    small, large = 2**20, 2**33
+    assert comm.all_reduce_s(H100, many, small, algorithm="tree") < \
+        comm.all_reduce_s(H100, many, small, algorithm="ring") / 10
+    assert comm.all_reduce_s(H100, two, large, algorithm="ring") < comm.all_reduce_s(H100, two, large, algorithm="tree")
+
+
+def test_ring_latency_grows_with_ring_length_and_nodes():
+    t = [float(comm.reduce_scatter_s(H100, comm.place_group(n, 1, 8), 8.0)) for n in (8, 16, 64, 512, 4096)]
+    assert t == sorted(t) and t[-1] > 10 * t[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.sampled_from([2, 4, 8, 16, 64, 256, 2048]), stride=st.sampled_from([1, 2, 4, 8, 16]),
+       log_m=st.floats(min_value=0, max_value=36), cluster=st.sampled_from([A100, H100]))
+def test_collective_invariants(n, stride, log_m, cluster):
+    """The chosen all-reduce is the fastest algorithm; nothing beats the wire; a reduce-scatter costs no more than
+    the ring all-reduce it is half of (a tree all-reduce can beat it: log2 latency); time grows with the message."""
+    g = comm.place_group(n, stride, 8)
+    m = 2.0**log_m
+    ar = float(comm.all_reduce_s(cluster, g, m))
+    assert ar <= float(comm.all_reduce_s(cluster, g, m, algorithm="ring")) + 1e-15
+    assert ar >= (n - 1) / n * m / comm.ring_bandwidth(cluster, g).max() - 1e-15
+    rs = float(comm.reduce_scatter_s(cluster, g, m))
+    assert 0 < rs <= float(comm.all_reduce_s(cluster, g, m, algorithm="ring"))
+    assert float(comm.reduce_scatter_s(cluster, g, 2 * m)) >= rs
+    assert float(comm.all_reduce_s(cluster, g, 2 * m)) >= ar
+
+
+def test_arrays_broadcast_like_numbers():
+    sizes = np.array([2, 8, 16, 64])
+    g = comm.place_group(sizes, 1, 8)
+    msgs = np.array([1e3, 1e6, 1e8, 1e10])
+    batch = comm.all_reduce_s(H100, g, msgs)
+    one = [float(comm.all_reduce_s(H100, comm.place_group(int(n), 1, 8), m)) for n, m in zip(sizes, msgs)]
+    assert batch == pytest.approx(one, rel=1e-12)
+
+
+def test_library_file_is_checked_with_a_field_and_a_fix():
+    good = load_collective_library()
+    assert good.name == "nccl-2.30" and good.ring_base_s[2] == pytest.approx(8.4e-6)
+    with pytest.raises(PlannerError, match="bandwidth_share"):
+        library_from_dict({"base_latency_us": {"ring": {"LL": 1, "LL128": 1, "Simple": 1},
+                                               "tree": {"LL": 1, "LL128": 1, "Simple": 1}},
+                           "hop_latency_us": {"nvlink": {"ring": {"LL": 1, "LL128": 1, "Simple": 1},
+                                                         "tree": {"LL": 1, "LL128": 1, "Simple": 1},
+                                                         "nvls": {"Simple": 25}},
+                                              "net": {"ring": {"LL": 1, "LL128": 1, "Simple": 1},
+                                                      "tree": {"LL": 1, "LL128": 1, "Simple": 1}}},
+                           "bandwidth_share": {"ring": {"LL": 0.5, "LL128": 2.0, "Simple": 1.0},
+                                               "tree": {"LL": 0.2, "LL128": 0.8, "Simple": 0.9}}})
+
+
+def test_validate_cli_reports_the_collective_rows_as_json():
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    res = CliRunner().invoke(app, ["validate", "--set", "collectives", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert set(out) == {"collectives"}
+    assert out["collectives"]["rows"] == len(ROWS)  # the summary's count; the rows themselves under "runs"
+    rows = {r["id"]: r for r in out["collectives"]["runs"]}
+    assert rows.keys() == ROWS.keys()
+    assert rows["nccl-tests-290-H100-node"]["in_sample"] is None  # an independent check
+    assert rows["nccl-tests-212-H100-nvls"]["in_sample"]
+    assert out["collectives"]["max_abs_error"] == pytest.approx(max(abs(r.error) for r in ROWS.values()))
