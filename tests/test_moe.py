@@ -154,9 +154,17 @@ def test_moe_activations_include_dispatched_tokens():
     cfg = RunConfig(num_gpus=8, ep=8, seq_len=4096, global_batch_size=8)
     moe = activation_bytes_per_layer(MIXTRAL, cfg, "selective", moe=True)
     dense = activation_bytes_per_layer(MIXTRAL, cfg, "selective", moe=False)
-    # two experts of SwiGLU width f (same as the dense MLP) + 2 x 2kh of routed token copies + router (fp32)
-    extra = 4096 * (6 * 14336 + 2 * 2 * 2 * 4096 + 4 * 8)
+    # two experts of SwiGLU width f (same as the dense MLP) + 2kh of routed token copies (the experts' input) +
+    # router (fp32); no expert outputs: the routing probabilities multiply inside the experts' activation
+    # (Megatron-Core >= 0.13, moe/experts.py), so the combine keeps nothing for their gradient
+    extra = 4096 * (6 * 14336 + 2 * 2 * 4096 + 4 * 8)
     assert moe - dense == pytest.approx(extra)
+    # fp8: every linear input (QKV, MLP, fc2, the experts' token copies) is kept as Transformer Engine saves it,
+    # 1 B per element, and the out-projection keeps an fp8 copy of the attention output (TE linear.py)
+    fp8 = activation_bytes_per_layer(MIXTRAL, cfg.with_(precision="fp8"), "selective", moe=True)
+    h, f, q, k = 4096, 14336, 4096, 2
+    saved = 4096 * (h + h + k * f + k * h) - 4096 * q  # 2 B -> 1 B each, minus the new fp8 copy of width q
+    assert moe - fp8 == pytest.approx(saved)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -122,6 +122,22 @@ def gpt_params_eq2(L: int, h: int, V: int, s: int) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 # Activations
 # ---------------------------------------------------------------------------------------------------------------
+#: bytes per element of a linear layer's input as Transformer Engine saves it for the weight gradient: the
+#: quantized copy, column-wise data only ("Discard row-wise data since it is not needed in backward pass",
+#: transformer_engine/pytorch/module/linear.py and grouped_linear.py, TE v2.18), 1 B in fp8 and, in mxfp8, one
+#: E8M0 scale per 32-element block (the OCP MX format); the bf16 tensor itself in 16-bit training
+SAVED_INPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32}
+
+
+def saved_linear_input_bytes(precision):
+    """:data:`SAVED_INPUT_BYTES` of a precision name or an array of them."""
+    precision = np.asarray(precision)
+    out = np.full(precision.shape, 2.0)
+    for name, b in SAVED_INPUT_BYTES.items():
+        out = np.where(precision == name, b, out)
+    return out if out.ndim else float(out)
+
+
 def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | None = None, moe: bool = False):
     """Activation bytes one layer keeps for backward, one micro-batch, on one GPU.
 
@@ -130,6 +146,9 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
       split by TP: Q 2q, K and V 4kv, attention output 2q, MLP: GELU 4f (input + fc2 input) or SwiGLU 6f
       score matrix (no flash kernel, no selective recompute): 5 a s with dropout (2 a s without), split by TP
     Full recompute keeps only the layer input, 2h (split by TP with SP, as Megatron stores it).
+    In fp8 / mxfp8 each linear layer's input is kept as Transformer Engine saves it (:data:`SAVED_INPUT_BYTES`):
+    the QKV and MLP inputs, the fc2 input and the experts' inputs shrink to about 1 B per element, and the
+    attention output, which the attention kernel keeps in bf16, gains the out-projection's fp8 copy.
     ``recompute`` (one mode for the whole batch) defaults to the configuration's own.
     """
     mode = np.asarray(cfg.recompute if recompute is None else recompute)
@@ -137,26 +156,31 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
     sp = sp_degree(cfg)
     tokens = cfg.tokens_per_rank
     flash = np.asarray(cfg.flash_attention, dtype=bool)
-    replicated = 4 * h + 2 * h + 2 * h + (2 * h if model.dropout else 0)
+    lin = saved_linear_input_bytes(cfg.precision)  # a linear layer's saved input, bytes per element
+    fp8_copy = np.where(lin < 2, lin, 0.0)  # an fp8 copy kept beside a bf16 tensor another kernel keeps
+    replicated = 4 * h + lin * h + lin * h + (2 * h if model.dropout else 0)
     if moe:
         k = model.experts_per_token
         f_total = model.moe_ffn_hidden_size * (k + model.num_shared_experts)
     else:
         f_total = model.ffn_hidden_size
-    mlp = (6 if model.gated_mlp else 4) * f_total
+    # gated: fc1's two outputs (bf16, the activation's backward) + fc2's input; GELU: fc1 output + fc2 input
+    mlp = (4 if model.gated_mlp else 2) * f_total + lin * f_total
     # Q, K, V and the attention output (for MLA their per-head widths, DeepSeek-V2 Sec. 2.1.2)
-    split = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim + model.attn_out_dim) + mlp
+    split = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim + model.attn_out_dim) + mlp + \
+        fp8_copy * model.attn_out_dim
     if moe:
         split += 4 * model.num_experts  # router logits + probs, fp32 (tiny)
     per_token = replicated / sp + split / t
     if model.is_mla:  # the latents feeding the up-projections, whole on every TP rank (see mla_projection_ops)
         per_token = per_token + 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
     if moe:
-        # Megatron-Core MoE: the k permuted token copies entering the experts, gathered over the expert-TP group
-        # (2kh per token of the etp ranks' shards: 2kh x etp / tp per local token with SP, 2kh without), and the
-        # expert outputs kept for the routing probabilities' gradient before the combine (2kh on this rank's SP
-        # shard)
-        per_token = per_token + 2 * model.experts_per_token * h * (expert_tp_token_share(cfg) + 1 / sp)
+        # Megatron-Core MoE: the k permuted token copies entering the experts (the experts' fc1 input, kept as a
+        # linear input is), gathered over the expert-TP group (kh per token of the etp ranks' shards: x etp / tp
+        # per local token with SP, x 1 without). The routing probabilities multiply inside the experts'
+        # activation (megatron/core/transformer/moe/experts.py, since Megatron-Core 0.13), so the combine keeps
+        # no expert outputs for their gradient.
+        per_token = per_token + lin * model.experts_per_token * h * expert_tp_token_share(cfg)
     scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
     lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
     per_token = per_token + np.where(flash, lse, np.where(mode == "none", scores, 0.0))
