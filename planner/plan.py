@@ -11,7 +11,7 @@ from typing import Any
 
 from planner.cost.step import Estimate, stage_layers
 from planner.errors import PlannerError
-from planner.specs.config import RunConfig
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, RunConfig, canonical_recompute_modules
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec, validate_model
 
@@ -51,7 +51,8 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
         "schedule": cfg.schedule,
         "recompute": {"mode": cfg.recompute, "num_layers": cfg.recompute_num_layers,
                       "layers_per_stage": (list(cfg.recompute_layers_per_stage)
-                                           if cfg.recompute_layers_per_stage is not None else None)},
+                                           if cfg.recompute_layers_per_stage is not None else None),
+                      "modules": cfg.recompute_modules.split(",") if cfg.recompute_modules else []},
         "layers_per_stage": list(stage_layers(model, cfg)),
         "options": {
             "flash_attention": cfg.flash_attention, "overlap_grad_reduce": cfg.overlap_grad_reduce,
@@ -86,6 +87,15 @@ def dumps(d: dict[str, Any]) -> str:
     return json.dumps(d, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
+def _modules(names: Any, source: str) -> str:
+    """A plan's ``recompute.modules`` list in canonical form (``config.canonical_recompute_modules``)."""
+    try:
+        return canonical_recompute_modules(names)
+    except (ValueError, AttributeError) as e:
+        raise PlannerError(str(e), source=source, field="recompute.modules",
+                           fix="use the names of `planner estimate --help` (--recompute-modules)") from None
+
+
 def config_from_dict(d: dict[str, Any], source: str = "<plan>") -> RunConfig:
     """Rebuild the RunConfig of a plan JSON (as written by ``plan_dict``)."""
     try:
@@ -98,6 +108,7 @@ def config_from_dict(d: dict[str, Any], source: str = "<plan>") -> RunConfig:
             cp_kind=par.get("cp_kind", "ring"), global_batch_size=batch["global_batch_size"],
             micro_batch_size=batch["micro_batch_size"], seq_len=batch["seq_len"], schedule=d["schedule"],
             recompute=rec["mode"], recompute_num_layers=rec.get("num_layers"),
+            recompute_modules=_modules(rec.get("modules", [DEFAULT_RECOMPUTE_MODULES]), source),
             recompute_layers_per_stage=(tuple(rec["layers_per_stage"]) if rec.get("layers_per_stage") is not None
                                         else None),
             layers_per_stage=tuple(layers) if layers else None,

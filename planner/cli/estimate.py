@@ -10,7 +10,8 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict
-from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, RunConfig, parse_megatron_layout
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, RECOMPUTE_MODULES,
+                                   RunConfig, canonical_recompute_modules, parse_megatron_layout)
 from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
 from planner.validation.bands import band_for
 
@@ -33,6 +34,17 @@ def parse_layers_per_stage(text: str) -> tuple[int, ...]:
     if any(c < 0 for c in counts):
         raise PlannerError(f"layer counts must be >= 0, got '{text}'", source="--layers-per-stage")
     return counts
+
+
+def parse_recompute_modules(text: str) -> str:
+    """``--recompute-modules core_attn,layernorm`` in canonical form (``config.canonical_recompute_modules``)."""
+    try:
+        return canonical_recompute_modules(text)
+    except ValueError as e:
+        raise PlannerError(str(e), source="--recompute-modules",
+                           fix=f"e.g. --recompute-modules {DEFAULT_RECOMPUTE_MODULES},layernorm") from None
+
+
 from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 
@@ -54,6 +66,9 @@ def estimate(
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size in sequences"),
     seq_len: int = typer.Option(2048, "--seq-len", help="Sequence length in tokens"),
     recompute: str = typer.Option("selective", "--recompute", help="none | selective | full"),
+    recompute_modules: str = typer.Option(DEFAULT_RECOMPUTE_MODULES, "--recompute-modules",
+                                          help="What --recompute selective redoes, Megatron-Core's "
+                                               "--recompute-modules: comma list of " + ", ".join(RECOMPUTE_MODULES)),
     sequence_parallel: bool = typer.Option(True, "--sequence-parallel/--no-sequence-parallel"),
     zero: int = typer.Option(1, "--zero", help="ZeRO stage 0 | 1 | 2 | 3"),
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule (see `planner list schedules`)"),
@@ -93,13 +108,14 @@ def estimate(
     if grad_reduce_dtype is not None:
         choice(grad_reduce_dtype, tuple(GRAD_REDUCE_DTYPES), "--grad-reduce-dtype")
     split = parse_layers_per_stage(layers_per_stage) if layers_per_stage is not None else None
+    modules = parse_recompute_modules(recompute_modules)
     run_stack = load_stack(stack)
     spec = load_model(model)
     hw = load_cluster(cluster)
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
-                    precision=precision, layers_per_stage=split, etp=etp)
+                    precision=precision, layers_per_stage=split, etp=etp, recompute_modules=modules)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))

@@ -10,9 +10,10 @@ from rich.table import Table
 
 from planner.cli.app import app, choice, console, handle_errors
 from planner.cli.render import print_estimate
+from planner.cli.estimate import parse_recompute_modules
 from planner.errors import PlannerError
 from planner.plan import Plan, dumps, search_plans
-from planner.specs.config import PRECISIONS
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, PRECISIONS
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
 from planner.specs.hardware import load_cluster
@@ -139,6 +140,9 @@ def plan(
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
+    recompute_modules: str = typer.Option(DEFAULT_RECOMPUTE_MODULES, "--recompute-modules",
+                                          help="What selective recomputation redoes (Megatron-Core "
+                                               "--recompute-modules; comma list, not searched)"),
     stack: str = typer.Option(None, "--stack", help=f"Training stack: search exactly what it runs, with its runtime "
                                                     f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
@@ -152,6 +156,7 @@ def plan(
         raise PlannerError("--json and --emit would both print to stdout", source="--emit",
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
+    modules = parse_recompute_modules(recompute_modules)
     if emit is not None:
         from planner.export import TARGETS
         if emit not in TARGETS:
@@ -166,13 +171,14 @@ def plan(
         target = emit or run_stack.launcher
         result = plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
                                    max_memory_gib=max_memory_gib, refine_partition=not no_partition,
-                                   option="--emit" if emit else "--stack", precision=precision, stack=run_stack)
+                                   option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
+                                   recompute_modules=modules)
     else:
         from planner.search.space import SearchSpace
 
         result = search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
                               max_memory_gib=max_memory_gib, refine_partition=not no_partition,
-                              space=SearchSpace(precision=precision))
+                              space=SearchSpace(precision=precision, recompute_modules=modules))
     if emit is not None:
         from planner.cli.export import write_export
 

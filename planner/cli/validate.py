@@ -29,10 +29,12 @@ def modern_report(rows) -> dict:
         "rows": [{"id": r.id, "framework": r.framework, "groups": list(r.groups), "measured_tokens_per_s_per_gpu":
                   r.measured, "estimated_tokens_per_s_per_gpu": r.estimated,
                   "error": r.error if r.estimated is not None else None, "cannot_express": r.cannot_express or None,
+                  "peak_memory_gib": r.peak_memory_gib, "memory_limit_gib": r.memory_limit_gib, "fits": r.fits,
                   "source": r.source, "command": r.command} for r in rows],
         "overall": _summary([r.error for r in scored]),
         "groups": {g: _summary([r.error for r in scored if g in r.groups]) for g in GROUPS},
         "cannot_express": sum(1 for r in rows if r.estimated is None),
+        "do_not_fit": [r.id for r in rows if r.fits is False],
     }
 
 
@@ -94,6 +96,11 @@ def validate(
                 g.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
                           _pct(s["max_abs_error"]))
             con.print(g)
+            if report["do_not_fit"]:
+                con.print(f"published runs the memory model says do not fit (they ran): "
+                          f"{len(report['do_not_fit'])} of {len(rows)}: " + ", ".join(
+                              f"{r.id} ({r.peak_memory_gib:.0f} of {r.memory_limit_gib:.0f} GiB)"
+                              for r in rows if r.fits is False), soft_wrap=True)
             if report["cannot_express"]:
                 con.print(f"{report['cannot_express']} row(s) cannot be expressed yet (listed above, not scored)")
             if show_commands:

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.specs.config import ConfigBatch, RunConfig
+from planner.specs.config import ConfigBatch, RunConfig, recompute_module_on
 from planner.specs.hardware import GPU
 from planner.specs.model import ModelSpec
 
@@ -49,7 +49,8 @@ class Op:
     hbm_bytes: float | np.ndarray = 0.0
     bwd_ratio: float = GEMM_BWD_RATIO
     weight_grad_fraction: float = 0.5
-    recomputed_by_selective: bool = False  # selective recompute redoes this op in backward
+    #: the selective-recompute module (config.RECOMPUTE_MODULES) whose recomputation redoes this op in backward
+    recompute_module: str = ""
     gemm_flops: float | np.ndarray = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
     precision: str | np.ndarray = "bf16"  # tensor-core precision of a GEMM (config.PRECISIONS)
 
@@ -67,15 +68,15 @@ def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
 FP8_CAST_BYTES_PER_ELEMENT = 2 + 1 + 1
 
 
-def _linear(name: str, m, k, n, cfg: "Config", batch=1.0) -> list[Op]:
+def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "") -> list[Op]:
     """A linear layer's GEMM (m x k input by k x n weight) at the configuration's GEMM precision, and, in fp8 /
     mxfp8, the quantization of its operands: the input in forward, the output gradient in backward (the weights
     are cast once per step and cached across micro-batches, Megatron's ``is_first_microbatch``, so not here)."""
     precision = np.asarray(cfg.precision)
     low = (precision == "fp8") | (precision == "mxfp8")
     cast = Op(f"{name}_fp8_cast", "memory", hbm_bytes=np.where(low, FP8_CAST_BYTES_PER_ELEMENT * m * k * batch, 0.0),
-              bwd_ratio=n / k, weight_grad_fraction=0.0)
-    return [_gemm(name, m, k, n, batch, precision=cfg.precision), cast]
+              bwd_ratio=n / k, weight_grad_fraction=0.0, recompute_module=module)
+    return [_gemm(name, m, k, n, batch, precision=cfg.precision, recompute_module=module), cast]
 
 
 def sp_degree(cfg: Config):
@@ -110,19 +111,19 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     # QK^T (2 T s q) and scores x V (2 T s out): 4 T s q_dim for standard attention; MLA's value head is narrower
     core_flops = 2.0 * T * s_kv * (model.attn_q_dim + model.attn_out_dim) / t
     ops.append(Op("attention_core", "attention", flops=np.where(flash, core_flops * 0.5, 0.0),
-                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, recomputed_by_selective=False))
+                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
     # head size d ~ 100 they are thin, so the roofline's memory side matters
     heads = cfg.micro_batch_size * model.num_heads / t
     qk = _gemm("attention_scores", cfg.seq_len / cp, model.head_size, s_kv, batch=heads)
     ops.append(Op("attention_core_unfused", "gemm", flops=np.where(flash, 0.0, core_flops),
                   hbm_bytes=np.where(flash, 0.0, 2 * qk.hbm_bytes), gemm_flops=qk.gemm_flops,
-                  weight_grad_fraction=0.0, recomputed_by_selective=True))
+                  weight_grad_fraction=0.0, recompute_module="core_attn"))
     # scale-mask-softmax + dropout over the a*s*s score matrix: read 2 B, write 2 B, dropout read/write + mask
     per_score = (2 + 2 + 2 + 2 + 1) if model.dropout else (2 + 2)
     score_elems = T * s_kv * model.num_heads / t
     ops.append(Op("softmax_dropout", "memory", hbm_bytes=np.where(flash, 0.0, per_score * score_elems),
-                  bwd_ratio=1.0, weight_grad_fraction=0.0, recomputed_by_selective=True))
+                  bwd_ratio=1.0, weight_grad_fraction=0.0, recompute_module="core_attn"))
     ops += _linear("attn_out_proj", T, model.attn_out_dim / t, h, cfg)
     # ---- MLP / MoE --------------------------------------------------------------------------------------------
     n_mats = 3 if model.gated_mlp else 2
@@ -152,18 +153,29 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
         k += model.num_shared_experts  # the activation-function width below covers the shared experts too
     else:
         f = model.ffn_hidden_size
-        ops += _linear("mlp_in", T, h, (n_mats - 1) * f / t, cfg)
-        ops += _linear("mlp_out", T, f / t, h, cfg)
+        ops += _linear("mlp_in", T, h, (n_mats - 1) * f / t, cfg, module="mlp")
+        ops += _linear("mlp_out", T, f / t, h, cfg, module="mlp")
         k = 1
-    # ---- memory-bound kernels (bytes moved per token, bf16) ---------------------------------------------------
+    # ---- memory-bound kernels (bytes moved per token, bf16), each forward read + write and twice that backward;
+    # apart where a recompute module redoes them: the two norms ("layernorm"), the MLP activation ("mlp" in a dense
+    # layer, "moe_act" for the routed experts), RoPE (with MLA's up-projections, "mla_up_proj")
     norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
     resid_elems = 3 + (0.5 if model.dropout else 0)  # fused bias-dropout-add: read x and residual, write; 1-B mask
-    per_token_h = (2 * norm_elems + 2 * resid_elems) / sp  # two norms, two residual adds per layer
-    ffn_width = (model.moe_ffn_hidden_size * k if moe else model.ffn_hidden_size) / t
-    act_elems = (3 * ffn_width) if model.gated_mlp else (2 * ffn_width)  # SwiGLU: read 2f write f; GeLU: r+w
+    per_elem = 3 if model.gated_mlp else 2  # SwiGLU: read 2f write f; GeLU: read + write
+    if moe:
+        routed_width = model.moe_ffn_hidden_size * model.experts_per_token / t
+        shared_width = model.moe_ffn_hidden_size * model.num_shared_experts / t
+    else:
+        routed_width, shared_width = 0.0, model.ffn_hidden_size / t
     rope_elems = 0 if model.learned_positions else 2 * (model.q_dim + model.kv_dim) / t
-    ops.append(Op("elementwise", "memory", hbm_bytes=ACT_BYTES * T * (per_token_h * h + act_elems + rope_elems),
-                  bwd_ratio=2.0, weight_grad_fraction=0.0))
+    for name, elems, module in (("norms", 2 * norm_elems * h / sp, "layernorm"),
+                                ("residual", 2 * resid_elems * h / sp, ""),
+                                ("mlp_act", per_elem * shared_width, "" if moe else "mlp"),
+                                ("moe_act", per_elem * routed_width, "moe_act"),
+                                ("rope", rope_elems, "mla_up_proj" if model.is_mla else "")):
+        if np.any(elems):
+            ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * T * elems, bwd_ratio=2.0, weight_grad_fraction=0.0,
+                          recompute_module=module))
     return ops
 
 
@@ -179,11 +191,12 @@ def mla_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     ops = []
     if model.q_lora_rank:
         ops += _linear("q_down_proj", T, h, model.q_lora_rank, cfg)
-        ops += _linear("q_up_proj", T, model.q_lora_rank, heads * qk_head / t, cfg)
+        ops += _linear("q_up_proj", T, model.q_lora_rank, heads * qk_head / t, cfg, module="mla_up_proj")
     else:
         ops += _linear("q_proj", T, h, heads * qk_head / t, cfg)
     ops += _linear("kv_down_proj", T, h, model.kv_lora_rank + model.qk_rope_head_dim, cfg)
-    ops += _linear("kv_up_proj", T, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / t, cfg)
+    ops += _linear("kv_up_proj", T, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / t, cfg,
+                   module="mla_up_proj")
     return ops
 
 
@@ -239,7 +252,17 @@ class PassTimes:
         return self.bwd_input_s + self.bwd_weight_s
 
 
-def pass_times(ops: list[Op], gpu: GPU) -> PassTimes:
+def recomputed(op: Op, modules):
+    """1 where selective recomputation under ``modules`` (a configuration's ``recompute_modules``, or an array of
+    them) redoes ``op`` in backward, else 0."""
+    if not op.recompute_module:
+        return 0.0
+    return np.where(recompute_module_on(modules, op.recompute_module), 1.0, 0.0)
+
+
+def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
+    """Forward, input- and weight-gradient times of ``ops``, and the forward time selective recomputation of
+    ``modules`` (the configuration's ``recompute_modules``) adds."""
     fwd = bwd_in = bwd_w = sel = 0.0
     for op in ops:
         tf = op_time_s(op, gpu)
@@ -247,8 +270,7 @@ def pass_times(ops: list[Op], gpu: GPU) -> PassTimes:
         fwd = fwd + tf
         bwd_w = bwd_w + tb * op.weight_grad_fraction
         bwd_in = bwd_in + tb * (1.0 - op.weight_grad_fraction)
-        if op.recomputed_by_selective:
-            sel = sel + tf
+        sel = sel + tf * recomputed(op, modules)
     return PassTimes(fwd, bwd_in, bwd_w, sel)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost.compute import Config, expert_tp_token_share, sp_degree
+from planner.specs.config import recompute_module_on
 from planner.specs.model import ModelSpec
 
 WEIGHT_BYTES = 2  # bf16 weights
@@ -158,7 +159,10 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
     flash = np.asarray(cfg.flash_attention, dtype=bool)
     lin = saved_linear_input_bytes(cfg.precision)  # a linear layer's saved input, bytes per element
     fp8_copy = np.where(lin < 2, lin, 0.0)  # an fp8 copy kept beside a bf16 tensor another kernel keeps
-    replicated = 4 * h + lin * h + lin * h + (2 * h if model.dropout else 0)
+
+    def on(module):  # selective recomputation of this module (Megatron-Core --recompute-modules) drops its tensors
+        return (mode == "selective") & recompute_module_on(cfg.recompute_modules, module)
+
     if moe:
         k = model.experts_per_token
         f_total = model.moe_ffn_hidden_size * (k + model.num_shared_experts)
@@ -166,9 +170,20 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         f_total = model.ffn_hidden_size
     # gated: fc1's two outputs (bf16, the activation's backward) + fc2's input; GELU: fc1 output + fc2 input
     mlp = (4 if model.gated_mlp else 2) * f_total + lin * f_total
-    # Q, K, V and the attention output (for MLA their per-head widths, DeepSeek-V2 Sec. 2.1.2)
-    split = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim + model.attn_out_dim) + mlp + \
-        fp8_copy * model.attn_out_dim
+    mlp_in = lin * h
+    if moe:  # "moe_act" discards the routed experts' activation output (fc2's input) and redoes it in backward
+        mlp = mlp - np.where(on("moe_act"), lin * model.moe_ffn_hidden_size * k, 0.0)
+    else:  # "mlp" checkpoints a dense layer's MLP: only its input stays, in bf16
+        mlp = np.where(on("mlp"), 0.0, mlp)
+        mlp_in = np.where(on("mlp"), 2 * h, mlp_in)
+    # "layernorm" discards both norms' outputs (the QKV and MLP inputs) and redoes the norms in backward
+    replicated = 4 * h + np.where(on("layernorm"), 0.0, lin * h + mlp_in) + (2 * h if model.dropout else 0)
+    # Q, K, V and the attention output (for MLA their per-head widths, DeepSeek-V2 Sec. 2.1.2); "mla_up_proj"
+    # discards Q, K and V (the up-projections' and RoPE's outputs) and redoes them in backward
+    qkv = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim)
+    if model.is_mla:
+        qkv = np.where(on("mla_up_proj"), 0.0, qkv)
+    split = qkv + 2 * model.attn_out_dim + mlp + fp8_copy * model.attn_out_dim
     if moe:
         split += 4 * model.num_experts  # router logits + probs, fp32 (tiny)
     per_token = replicated / sp + split / t
@@ -183,7 +198,7 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         per_token = per_token + lin * model.experts_per_token * h * expert_tp_token_share(cfg)
     scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
     lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
-    per_token = per_token + np.where(flash, lse, np.where(mode == "none", scores, 0.0))
+    per_token = per_token + np.where(flash, lse, np.where(on("core_attn"), 0.0, scores))
     return np.where(mode == "full", tokens * 2 * h / sp, tokens * per_token)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding_ops, head_ops, layer_ops,
-                                  linear_gemm_fwd_s, model_flops_per_step, pass_times)
+                                  linear_gemm_fwd_s, model_flops_per_step, pass_times, recomputed)
 from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups,
                                         expert_dp_degree, optimizer_step_s)
@@ -189,7 +189,7 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     EP (``moe.ep_layer_cost``) and the activations of ``memory.activation_bytes_per_layer``."""
     gpu = cluster.gpu
     ops = layer_ops(model, cfg, moe=moe)
-    pt = pass_times(ops, gpu)
+    pt = pass_times(ops, gpu, cfg.recompute_modules)
     tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, linear_gemm_fwd_s(ops, gpu))
     # CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses (all-to-all of
     # heads); formulas and sources in planner.cost.context_parallel
@@ -206,7 +206,7 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
             halve = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1)
             tp_fwd, tp_bwd = np.where(halve, tp_fwd / 2, tp_fwd), np.where(halve, tp_bwd / 2, tp_bwd)
     selective = np.asarray(cfg.recompute) == "selective"
-    rec_flops = sum(o.flops for o in ops if o.recomputed_by_selective)
+    rec_flops = sum(o.flops * recomputed(o, cfg.recompute_modules) for o in ops)
     return LayerCost(
         fwd_s=pt.fwd_s, bwd_input_s=pt.bwd_input_s, bwd_weight_s=pt.bwd_weight_s,
         selective_recompute_s=pt.selective_recompute_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
@@ -259,14 +259,14 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
     return np.where(np.asarray(pp) > 1, send, 0.0)
 
 
-def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp) -> tuple:
+def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
     schedule, layer and recompute splits, DP options, the DP placement and the pipeline link -- none of which a
     layer's kernels, activations or TP / CP / EP communication read."""
     return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
-            precision, etp)
+            precision, etp, modules if selective else "")
 
 
 class LayerCostCache:
@@ -301,7 +301,7 @@ class LayerCostCache:
     def _key(cfg: RunConfig) -> tuple:
         return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
                           cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
-                          cfg.precision, cfg.expert_tp)
+                          cfg.precision, cfg.expert_tp, cfg.recompute_modules)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         return self._get(model, cluster, self._key(cfg) + (moe,),

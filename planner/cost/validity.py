@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from planner.cost.schedule import SCHEDULES
-from planner.specs.config import CP_KINDS, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig, even_layer_split
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig,
+                                   canonical_recompute_modules, even_layer_split)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -25,6 +26,25 @@ def ulysses_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
     if kv_per_tp % cp and cp % kv_per_tp:
         return f"Ulysses needs the {kv_per_tp} K/V heads per TP rank to divide or be divisible by cp={cp} (fewer " \
                f"K/V heads are replicated)"
+    return None
+
+
+def recompute_modules_problem(model: ModelSpec, modules: str, recompute: str = "selective") -> str | None:
+    """Why ``modules`` (a configuration's ``recompute_modules``) cannot be recomputed for ``model``, or None."""
+    try:
+        canonical = canonical_recompute_modules(modules)
+    except ValueError as e:
+        return str(e)
+    names = modules.split(",")
+    if canonical != modules:
+        return f"'{modules}' is not in canonical form; write '{canonical}'"
+    if modules != DEFAULT_RECOMPUTE_MODULES and recompute != "selective":
+        return "recompute modules apply to selective recomputation; add --recompute selective or drop " \
+               "--recompute-modules"
+    if "mla_up_proj" in names and not model.is_mla:
+        return f"mla_up_proj needs multi-head latent attention, which {model.name} does not have; drop it"
+    if "moe_act" in names and not model.is_moe:
+        return f"moe_act recomputes experts' activations; {model.name} has no experts; drop it"
     return None
 
 
@@ -134,6 +154,9 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("grad_reduce_bytes", f"must be 2 (bf16) or 4 (fp32), got {cfg.grad_reduce_bytes}"))
     if cfg.recompute not in RECOMPUTE_MODES:
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
+    problem = recompute_modules_problem(model, cfg.recompute_modules, cfg.recompute)
+    if problem:
+        out.append(("recompute_modules", problem))
     if cfg.zero_stage not in ZERO_STAGES:
         out.append(("zero", f"unknown ZeRO stage {cfg.zero_stage}; use 0, 1, 2 or 3"))
     sched = SCHEDULES.get(cfg.schedule)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 from planner.export._common import (PlanView, first_last_split, read_plan, recompute_counts, summary_comment,
                                     uniform_recompute_count, unsupported)
 
@@ -136,6 +137,8 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     # recomputation
     if cfg.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+        if cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:  # Megatron-Core's default is core_attn
+            args += ["--recompute-modules", *cfg.recompute_modules.split(",")]
     elif cfg.recompute == "full":
         k = uniform_recompute_count(view)
         if k is False:

@@ -87,6 +87,7 @@ def recipe_overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         out["model.config.num_layers_in_last_pipeline_stage"] = last
     if cfg.recompute == "selective":
         out["model.config.recompute_granularity"] = "selective"
+        out["model.config.recompute_modules"] = cfg.recompute_modules.split(",") if cfg.recompute_modules else []
     elif cfg.recompute == "full" and uniform_recompute_count(view) != 0:
         k = uniform_recompute_count(view)
         out["model.config.recompute_granularity"] = "full"

@@ -16,10 +16,13 @@ from typing import Any
 from planner.errors import InfeasibleError, PlannerError
 from planner.export import TARGETS, export
 from planner.export import megatron, torchtitan
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 
 
-def launcher_spaces(target: str, option: str = "--launcher", precision: str = "bf16") -> list[Any]:
-    """Search spaces whose union is (a safe subset of) what ``target`` can run, for a run at ``precision``."""
+def launcher_spaces(target: str, option: str = "--launcher", precision: str = "bf16",
+                    recompute_modules: str = DEFAULT_RECOMPUTE_MODULES) -> list[Any]:
+    """Search spaces whose union is (a safe subset of) what ``target`` can run, for a run at ``precision`` whose
+    selective recomputation redoes ``recompute_modules``."""
     from planner.search.space import SearchSpace
 
     if target not in TARGETS:
@@ -28,7 +31,11 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
     if precision in refused:
         raise PlannerError(f"{target} cannot train with {precision} GEMMs", source="--precision",
                            fix="use another --precision or launcher (megatron and nemo run bf16, fp16, fp8, mxfp8)")
-    base = SearchSpace(precision=precision)
+    if recompute_modules != DEFAULT_RECOMPUTE_MODULES and target not in ("megatron", "nemo"):
+        raise PlannerError(f"{target} cannot choose which modules selective recomputation redoes "
+                           f"({recompute_modules})", source="--recompute-modules",
+                           fix="drop --recompute-modules, or use megatron / nemo (Megatron-Core --recompute-modules)")
+    base = SearchSpace(precision=precision, recompute_modules=recompute_modules)
     if target in ("megatron", "nemo"):
         schedules = tuple(s for s in base.schedules if megatron.SCHEDULE_SUPPORT.get(s))
         spaces = [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1))]
@@ -48,7 +55,8 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
             replace(base, max_pp=1, cp_kinds=cp_kinds)]
 
 
-def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16") -> list[Any]:
+def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
+                 recompute_modules: str = DEFAULT_RECOMPUTE_MODULES) -> list[Any]:
     """The search spaces of what ``stack`` (a ``planner.specs.stack.Stack``) runs, exported to ``target`` (default:
     the stack's own launcher): the launcher's spaces narrowed to the stack's schedules, ZeRO stages, CP kinds and TP
     overlap choices, with the stack's runtime options. Names the stack file gives that are unknown here are refused
@@ -64,7 +72,7 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16")
         raise PlannerError(f"unknown schedule '{unknown[0]}'", source=f"stack {stack.name}", field="runs.schedules",
                            fix=f"use schedules of `planner list schedules`: {', '.join(SCHEDULES)}")
     out = []
-    for space in launcher_spaces(target, "--stack", precision):
+    for space in launcher_spaces(target, "--stack", precision, recompute_modules):
         narrowed = replace(
             space, schedules=tuple(x for x in space.schedules if x in stack.schedules),
             zero_stages=tuple(z for z in space.zero_stages if z in stack.zero_stages),
@@ -84,15 +92,15 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16")
 def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size: int, seq_len: int, target: str, *,
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
                       refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
-                      stack: Any = None) -> Any:
+                      stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given; InfeasibleError when none fits. ``refine_partition=False`` keeps the even layer split
     (``planner plan --even-split``)."""
     from planner.plan import search_plans
     from planner.search.engine import objective_key
 
-    spaces = (stack_spaces(stack, target, precision) if stack is not None
-              else launcher_spaces(target, option, precision))
+    spaces = (stack_spaces(stack, target, precision, recompute_modules) if stack is not None
+              else launcher_spaces(target, option, precision, recompute_modules))
     found = []
     reasons = []
     fixes = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 from planner.export._common import PlanView, read_plan, recompute_counts, summary_comment, unsupported
 
 LAUNCHER = "torchtitan"
@@ -108,6 +109,10 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
     """The TOML content as a dict of sections (what ``render`` writes)."""
     view = read_plan(plan, source)
     cfg = view.cfg
+    if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        raise unsupported(LAUNCHER, f"selective recomputation of {cfg.recompute_modules} (torchtitan's selective "
+                                    "activation checkpointing picks ops by its own policy, not Megatron's modules)",
+                          "plan with the default --recompute-modules, or export to megatron / nemo")
     if cfg.cp > 1 and cfg.cp_kind not in CP_ROTATE:
         raise unsupported(LAUNCHER, f"{cfg.cp_kind} context parallelism (torchtitan's context parallelism is "
                                     "ring attention)", "plan with cp_kind ring or export to megatron")

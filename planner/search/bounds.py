@@ -251,7 +251,8 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
                                     seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
-                                    precision=space.precision, expert_tp=t)  # the search keeps expert TP = TP
+                                    precision=space.precision, expert_tp=t,  # the search keeps expert TP = TP
+                                    recompute_modules=space.recompute_modules)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from planner.cost.step import LAYER_COSTS, Estimate, batch_costs, estimate
-from planner.cost.validity import config_problems
+from planner.cost.validity import config_problems, recompute_modules_problem
 from planner.errors import InfeasibleError, PlannerError
 from planner.search.bounds import (floored_group_bound, group_floors, group_memory_bound, group_tables,
                                    group_time_bound, layer_key_batch, refined_group_bounds, row_memory_bound,
@@ -157,6 +157,9 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
         raise PlannerError(f"{cluster.gpu.name} has no {space.precision} tensor cores (its profile gives "
                            f"{', '.join(cluster.gpu.precisions())})", source="--precision",
                            fix="use a precision the GPU has, or another --cluster")
+    problem = recompute_modules_problem(model, space.recompute_modules)
+    if problem:
+        raise PlannerError(problem, source="--recompute-modules")
     if cluster.max_gpus and num_gpus > cluster.max_gpus:
         raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
                            fix=f"use --gpus <= {cluster.max_gpus}")

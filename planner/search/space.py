@@ -24,7 +24,7 @@ import numpy as np
 
 from planner.cost.schedule import SCHEDULES
 from planner.cost.validity import tp_splits_heads, ulysses_problem
-from planner.specs.config import CP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
+from planner.specs.config import CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -56,6 +56,8 @@ class SearchSpace:
     grad_reduce_bytes: tuple[int, ...] = (2,)
     #: GEMM precision of the linear layers (the run's choice, not searched: config.PRECISIONS)
     precision: str = "bf16"
+    #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)
+    recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
     max_pp: int | None = None
@@ -190,6 +192,7 @@ class Space:
     rec_codes: tuple[int, ...]  # from REC_NONE, REC_SELECTIVE, REC_FULL_ALL
     partial_recompute: bool
     precision: str = "bf16"
+    recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
 
     def col(self, name: str) -> np.ndarray:
         return self.groups[:, G[name]]
@@ -253,6 +256,7 @@ class Space:
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
             schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
+            recompute_modules=self.recompute_modules,
             **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
 
 
@@ -264,4 +268,5 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
     return Space(groups=rows,
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
                  global_batch=global_batch, seq_len=seq_len, zero_stages=tuple(sorted(space.zero_stages)),
-                 rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision)
+                 rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
+                 recompute_modules=space.recompute_modules)

@@ -12,6 +12,33 @@ from typing import Any, Sequence
 import numpy as np
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: what selective recomputation redoes, as Megatron-Core's ``--recompute-modules`` names it
+#: (megatron/core/transformer/transformer_config.py, ``recompute_modules``), in this order: the attention core,
+#: the two norms, MLA's up-projections and RoPE, a dense layer's MLP, the experts' activation function. Megatron's
+#: "moe" and "shared_experts" (a whole MoE layer / its shared experts) are not modelled.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act")
+#: Megatron-Core's default modules of selective recomputation
+DEFAULT_RECOMPUTE_MODULES = "core_attn"
+
+
+def canonical_recompute_modules(names: str | Sequence[str]) -> str:
+    """The modules as one comma-separated string in :data:`RECOMPUTE_MODULES` order (``"core_attn,layernorm"``);
+    ValueError names the unknown ones."""
+    items = [n.strip() for n in (names.replace(" ", ",").split(",") if isinstance(names, str) else names)]
+    items = [n for n in items if n]
+    unknown = sorted(set(items) - set(RECOMPUTE_MODULES))
+    if unknown:
+        raise ValueError(f"unknown recompute module(s) {', '.join(unknown)}; use any of {', '.join(RECOMPUTE_MODULES)}")
+    return ",".join(m for m in RECOMPUTE_MODULES if m in items)
+
+
+def recompute_module_on(modules, name: str):
+    """Whether selective recomputation redoes ``name`` under ``modules`` (a canonical string, or an array of them
+    over a batch)."""
+    if isinstance(modules, str):
+        return name in modules.split(",")
+    padded = np.char.add(np.char.add(",", np.asarray(modules, dtype=str)), ",")
+    return np.char.find(padded, f",{name},") >= 0
 ZERO_STAGES = (0, 1, 2, 3)
 CP_KINDS = ("ring", "ulysses")
 #: precision of the linear layers' GEMMs (the attention core, router, LM head and softmax stay bf16 / fp32, as
@@ -34,6 +61,8 @@ class RunConfig:
     sequence_parallel: bool = True
     zero_stage: int = 1
     recompute: str = "selective"
+    #: with recompute == "selective": the modules recomputed (:data:`RECOMPUTE_MODULES`, canonical string)
+    recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     #: with recompute == "full": how many layers per pipeline stage are fully recomputed (None = all of them);
     #: the others keep all their activations
     recompute_num_layers: int | None = None
@@ -90,7 +119,7 @@ class RunConfig:
 #: the RunConfig fields one decoder layer's costs read (kernels, activations, TP / CP / EP communication): the
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
-                "flash_attention", "tp_comm_overlap", "precision", "expert_tp")
+                "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules")
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,6 +143,7 @@ class ConfigBatch:
     tp_comm_overlap: np.ndarray
     precision: np.ndarray
     expert_tp: np.ndarray
+    recompute_modules: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":

@@ -9,7 +9,7 @@ from pathlib import Path
 from planner.cost.compute import gpt_full_recompute_flops_eq3, model_flops_per_step
 from planner.cost.step import estimate
 from planner.specs.config import RunConfig
-from planner.specs.hardware import load_cluster
+from planner.specs.hardware import GIB, load_cluster
 from planner.specs.model import model_from_config
 
 RUNS_FILE = Path(__file__).with_name("published_runs.json")
@@ -92,6 +92,13 @@ class ModernRow:
     groups: tuple[str, ...]
     command: str  # the `planner estimate` command that reproduces the estimate
     cannot_express: str = ""
+    peak_memory_gib: float | None = None  # the memory model's peak for the published layout
+    memory_limit_gib: float | None = None  # what the profile lets a GPU use
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the memory model lets the published layout run (it did run): None where not estimated."""
+        return None if self.peak_memory_gib is None else self.peak_memory_gib <= self.memory_limit_gib
 
     @property
     def error(self) -> float:
@@ -150,6 +157,8 @@ def estimate_command(run: dict) -> str:
     parts += [f"--schedule {cfg.schedule}", f"--recompute {cfg.recompute}", f"--zero {cfg.zero_stage}",
               f"--precision {cfg.precision}",
               f"--grad-reduce-dtype {'fp32' if cfg.grad_reduce_bytes == 4 else 'bf16'}"]
+    if cfg.recompute_modules != default.recompute_modules:
+        parts.append(f"--recompute-modules {cfg.recompute_modules}")
     for flag, name in (("sequence-parallel", "sequence_parallel"), ("flash-attention", "flash_attention"),
                        ("overlap-grad-reduce", "overlap_grad_reduce"), ("overlap-param-gather", "overlap_param_gather"),
                        ("tp-comm-overlap", "tp_comm_overlap")):
@@ -179,7 +188,8 @@ def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
     if problems:
         return ModernRow(estimated=None, cannot_express=f"{problems[0][0]}: {problems[0][1]}", **base)
     est = estimate(model, cluster, cfg)
-    return ModernRow(estimated=est.tokens_per_s / cfg.num_gpus, **base)
+    return ModernRow(estimated=est.tokens_per_s / cfg.num_gpus, peak_memory_gib=est.peak_memory_gib,
+                     memory_limit_gib=est.memory_limit_bytes / GIB, **base)
 
 
 def validate_modern(runs: list[dict] | None = None) -> list[ModernRow]:
