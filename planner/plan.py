@@ -58,6 +58,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             "flash_attention": cfg.flash_attention, "overlap_grad_reduce": cfg.overlap_grad_reduce,
             "overlap_param_gather": cfg.overlap_param_gather, "tp_comm_overlap": cfg.tp_comm_overlap,
             "grad_reduce_bytes": cfg.grad_reduce_bytes, "precision": cfg.precision,
+            "ep_comm_overlap": cfg.ep_comm_overlap,
         },
     }
 

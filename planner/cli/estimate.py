@@ -90,6 +90,9 @@ def estimate(
                                               help="Overlap the ZeRO parameter all-gather with forward"),
     tp_comm_overlap: bool = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap",
                                          help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap; needs SP)"),
+    ep_comm_overlap: bool = typer.Option(False, "--ep-comm-overlap/--no-ep-comm-overlap",
+                                         help="Hide one micro-batch's MoE all-to-alls under another's compute "
+                                              "(Megatron --overlap-moe-expert-parallel-comm; DualPipe's pairing)"),
     grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
@@ -115,7 +118,8 @@ def estimate(
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
-                    precision=precision, layers_per_stage=split, etp=etp, recompute_modules=modules)
+                    precision=precision, layers_per_stage=split, etp=etp, recompute_modules=modules,
+                    ep_comm_overlap=ep_comm_overlap)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))

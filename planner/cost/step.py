@@ -17,7 +17,7 @@ from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding
                                   linear_gemm_fwd_s, model_flops_per_step, pass_times, recomputed)
 from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups,
-                                        expert_dp_degree, optimizer_step_s)
+                                        expert_dp_degree, exposed_s, optimizer_step_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes, zero_sharded_params)
@@ -202,6 +202,12 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     if moe:
         ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.etp if groups.etp is not None else
                                groups.tp).fwd_s
+        # batch-level overlap (Megatron-Core's merged forward-backward of two micro-batches; DualPipe's F&B): each
+        # layer's all-to-alls of one micro-batch, forward and backward, run under the other's kernels of that
+        # layer; what sticks out, and the interference of what hides, stays (split evenly over the two passes)
+        paired = exposed_s(2 * ep_fwd, pt.fwd_s + pt.bwd_input_s + pt.bwd_weight_s,
+                           gpu.comm_overlap_interference) / 2
+        ep_fwd = np.where(np.asarray(cfg.ep_comm_overlap, dtype=bool), paired, ep_fwd)
         if not model.num_shared_experts:
             halve = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1)
             tp_fwd, tp_bwd = np.where(halve, tp_fwd / 2, tp_fwd), np.where(halve, tp_bwd / 2, tp_bwd)
@@ -259,14 +265,15 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
     return np.where(np.asarray(pp) > 1, send, 0.0)
 
 
-def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules) -> tuple:
+def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
+               epo) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
     schedule, layer and recompute splits, DP options, the DP placement and the pipeline link -- none of which a
     layer's kernels, activations or TP / CP / EP communication read."""
     return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
-            precision, etp, modules if selective else "")
+            precision, etp, modules if selective else "", bool(epo and ep > 1))
 
 
 class LayerCostCache:
@@ -301,7 +308,7 @@ class LayerCostCache:
     def _key(cfg: RunConfig) -> tuple:
         return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
                           cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
-                          cfg.precision, cfg.expert_tp, cfg.recompute_modules)
+                          cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         return self._get(model, cluster, self._key(cfg) + (moe,),

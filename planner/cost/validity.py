@@ -154,6 +154,17 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("grad_reduce_bytes", f"must be 2 (bf16) or 4 (fp32), got {cfg.grad_reduce_bytes}"))
     if cfg.recompute not in RECOMPUTE_MODES:
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
+    if cfg.ep_comm_overlap:  # Megatron-Core's rules for --overlap-moe-expert-parallel-comm (transformer_config.py)
+        if not model.is_moe or cfg.ep <= 1:
+            out.append(("ep_comm_overlap", "overlapping the MoE all-to-alls needs expert parallelism (a MoE model, "
+                                           "--ep > 1); drop --ep-comm-overlap"))
+        elif cfg.pp > 1 and cfg.vpp <= 1:
+            out.append(("ep_comm_overlap", "with pipeline parallelism the all-to-all overlap pairs micro-batches of "
+                                           "virtual stages (Megatron-Core: needs virtual pipeline stages); add --vpp "
+                                           "2 or more, or drop --ep-comm-overlap"))
+        elif cfg.recompute == "full":
+            out.append(("ep_comm_overlap", "the all-to-all overlap cannot run with full recomputation (Megatron-"
+                                           "Core); use --recompute selective or none"))
     problem = recompute_modules_problem(model, cfg.recompute_modules, cfg.recompute)
     if problem:
         out.append(("recompute_modules", problem))

@@ -38,6 +38,9 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if cfg.cp > 1 and cfg.cp_kind != "ulysses":
         raise unsupported(LAUNCHER, f"{cfg.cp_kind} context parallelism (DeepSpeed sequence parallelism is "
                                     "Ulysses all-to-all)", "plan with cp_kind ulysses or export to megatron")
+    if cfg.ep_comm_overlap:
+        raise unsupported(LAUNCHER, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
+                                    "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
     if cfg.tp_comm_overlap and cfg.tp > 1:
         raise unsupported(LAUNCHER, "TP communication overlap (Megatron-Core's --tp-comm-overlap; Megatron-DeepSpeed "
                                     "has no such option)", "plan for deepspeed (--emit deepspeed), or export to "

@@ -105,6 +105,9 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
            f"{cfg.num_gpus} GPUs"]
     if cfg.tp_comm_overlap and cfg.tp > 1:
         out.append("TP communication overlap: add MegatronCommOverlapCallback(tp_comm_overlap=True) to the trainer")
+    if cfg.ep_comm_overlap:
+        out.append("MoE all-to-all overlap: set comm_overlap.overlap_moe_expert_parallel_comm = True and "
+                   "comm_overlap.delay_wgrad_compute = True (Megatron-Bridge CommOverlapConfig)")
     if cfg.precision != "bf16":
         plugin = {"fp16": "MegatronMixedPrecision(precision='16-mixed')",
                   "fp8": "MegatronMixedPrecision(precision='bf16-mixed', fp8='hybrid', fp8_recipe='delayed')",

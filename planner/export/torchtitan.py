@@ -109,6 +109,9 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
     """The TOML content as a dict of sections (what ``render`` writes)."""
     view = read_plan(plan, source)
     cfg = view.cfg
+    if cfg.ep_comm_overlap:
+        raise unsupported(LAUNCHER, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
+                                    "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
     if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         raise unsupported(LAUNCHER, f"selective recomputation of {cfg.recompute_modules} (torchtitan's selective "
                                     "activation checkpointing picks ops by its own policy, not Megatron's modules)",

@@ -252,7 +252,8 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
                                     seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
                                     precision=space.precision, expert_tp=t,  # the search keeps expert TP = TP
-                                    recompute_modules=space.recompute_modules)
+                                    recompute_modules=space.recompute_modules,
+                                    ep_comm_overlap=False)  # the search does not pair micro-batches (yet)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

@@ -77,6 +77,9 @@ class RunConfig:
     overlap_grad_reduce: bool = True  # DP gradient reduction overlapped with backward (Megatron --overlap-grad-reduce)
     overlap_param_gather: bool = True  # ZeRO-1/3 parameter all-gather overlapped with the next forward
     tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron --tp-comm-overlap)
+    #: MoE all-to-alls of one micro-batch hidden under another's compute (Megatron-Core's batch-level overlap,
+    #: --overlap-moe-expert-parallel-comm --delay-wgrad-compute; DeepSeek's DualPipe does the same pairing)
+    ep_comm_overlap: bool = False
     grad_reduce_bytes: int = 2  # bytes per element of the DP gradient reduction (bf16 = 2, fp32 = 4)
     precision: str = "bf16"  # GEMM precision of the linear layers (PRECISIONS)
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
@@ -119,7 +122,8 @@ class RunConfig:
 #: the RunConfig fields one decoder layer's costs read (kernels, activations, TP / CP / EP communication): the
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
-                "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules")
+                "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
+                "ep_comm_overlap")
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,6 +148,7 @@ class ConfigBatch:
     precision: np.ndarray
     expert_tp: np.ndarray
     recompute_modules: np.ndarray
+    ep_comm_overlap: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -154,7 +159,7 @@ class ConfigBatch:
         arrays = np.broadcast_arrays(*(np.asarray(cols[f]) for f in LAYER_FIELDS))
         kinds = {"tp": np.int64, "cp": np.int64, "ep": np.int64, "micro_batch_size": np.int64, "seq_len": np.int64,
                  "expert_tp": np.int64,
-                 "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool}
+                 "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 

@@ -161,7 +161,7 @@ def estimate_command(run: dict) -> str:
         parts.append(f"--recompute-modules {cfg.recompute_modules}")
     for flag, name in (("sequence-parallel", "sequence_parallel"), ("flash-attention", "flash_attention"),
                        ("overlap-grad-reduce", "overlap_grad_reduce"), ("overlap-param-gather", "overlap_param_gather"),
-                       ("tp-comm-overlap", "tp_comm_overlap")):
+                       ("tp-comm-overlap", "tp_comm_overlap"), ("ep-comm-overlap", "ep_comm_overlap")):
         value = getattr(cfg, name)
         if value != getattr(default, name) or name == "tp_comm_overlap":
             parts.append(f"--{flag}" if value else f"--no-{flag}")
