@@ -73,3 +73,25 @@ def test_the_recipes_overlap_explains_the_deepseek_b200_row():
     assert abs(evaluate_modern_run(run).error) < 0.15
     off = {**run, "layout": {**run["layout"], "ep_comm_overlap": False}}
     assert evaluate_modern_run(off).error < -0.25
+
+
+def test_searched_where_it_can_run_and_only_by_stacks_that_run_it():
+    from planner.export.spaces import launcher_spaces, stack_spaces
+    from planner.search.engine import search
+    from planner.search.space import GROUP_COLS, SearchSpace, build_space
+    from planner.specs.stack import load_stack
+
+    assert all(s.ep_comm_overlap == (False,) for t in ("torchtitan", "deepspeed") for s in launcher_spaces(t))
+    assert any(True in s.ep_comm_overlap for s in stack_spaces(load_stack("megatron-core")))
+    assert all(s.ep_comm_overlap == (False,) for s in stack_spaces(load_stack("megatron-2021")))
+    mixtral, h100 = load_model("mixtral-8x7b"), load_cluster("h100-80gb-sxm")
+    sp = build_space(mixtral, h100, 32, 64, 4096)
+    g = sp.groups
+    cols = {name: i for i, name in enumerate(GROUP_COLS)}
+    on = g[:, cols["epo"]] == 1
+    assert on.any()
+    assert (g[on, cols["ep"]] > 1).all()  # only with expert parallelism
+    assert not ((g[:, cols["pp"]] > 1) & (g[:, cols["vpp"]] == 1) & on).any()  # PP needs virtual stages
+    best = search(mixtral, h100, 32, 64, 4096, top=1).best.config
+    off = search(mixtral, h100, 32, 64, 4096, top=1, space=SearchSpace(ep_comm_overlap=(False,))).best
+    assert estimate(mixtral, h100, best).step_time_s <= off.estimate.step_time_s

@@ -23,8 +23,9 @@ NVLink (the report's dispatch kernels). Its all-to-all then moves E[distinct rem
 the NIC instead of k (n - k_node)/n x h (:func:`node_limited_all_to_all_s`). Models without it use the plain
 all-to-all of :func:`planner.cost.comm.all_to_all_s` (Megatron's all-to-all dispatcher sends every copy).
 
-Assumed: balanced routing (auxiliary-loss or bias balancing) and no dropped tokens (Megatron's dropless MoE); the
-all-to-alls are not overlapped with compute (DeepSeek's DualPipe hides them; that is a schedule, not modelled).
+Assumed: balanced routing (auxiliary-loss or bias balancing) and no dropped tokens (Megatron's dropless MoE). The
+all-to-alls are on the critical path unless ``ep_comm_overlap`` pairs micro-batches (Megatron-Core's batch-level
+overlap, DualPipe's F&B): then ``planner.cost.step.layer_costs`` keeps only what sticks out of the layer's kernels.
 """
 
 from __future__ import annotations

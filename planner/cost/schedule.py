@@ -25,10 +25,10 @@ Closed forms (exact for equal stages, checked against the simulator in ``tests/t
   the next chunk starts, so it holds all m micro-batches (GPipe's memory) and, with ZeRO-3 / FSDP, gathers each
   chunk's weights once per step rather than once per micro-batch (``zero3_gathers_once_per_step``, used by
   ``planner.cost.step``): the sharded-DP traffic drops by m and overlaps the whole step.
-Not modelled: DualPipe (DeepSeek-AI 2024) keeps two copies of every stage's weights and its gain comes from
-overlapping one micro-batch's forward with another's backward communication (MoE all-to-all), which needs a
-compute / communication split per op that the cost model does not have; DualPipeV is ZB-V's placement plus that
-overlap, so ``zbv`` is its no-overlap bound.
+DualPipe (DeepSeek-AI 2024): its gain is overlapping one micro-batch's forward with another's backward
+communication (MoE all-to-all), which the cost model has as ``RunConfig.ep_comm_overlap``; DualPipeV (github
+deepseek-ai/DualPipe) is ZB-V's V placement plus that overlap, with the bubble (PP/2 - 1)(F&B + B - 3W) per stage,
+so ``zbv`` with the overlap stands for it. DualPipe's second copy of each rank's stage weights is not counted.
 The zero-bubble forms are exact (against the simulator's W placement) when W <= min(F, B), which every real layer
 satisfies (W is half of the GEMM backward; B the other half plus attention backward and recomputation); for
 unequal stages all forms are within about 10% of the simulator (``tests/test_schedule.py`` measures it).

@@ -42,14 +42,15 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
         if target == "megatron":  # ZeRO-2/3 through Megatron FSDP, which needs a model without pipeline stages
             spaces.append(replace(base, max_pp=1))
         return spaces
-    if target == "torchtitan":
+    if target == "torchtitan":  # no batch-level MoE all-to-all overlap in either of the two below
+        base = replace(base, ep_comm_overlap=(False,))
         schedules = tuple(s for s in base.schedules if torchtitan.SCHEDULE_NAMES.get(s))
         return [replace(base, schedules=schedules, cp_kinds=tuple(k for k in base.cp_kinds if k in
                                                                   torchtitan.CP_ROTATE))]
     # deepspeed: the pipeline engine runs 1F1B with ZeRO-0/1; ZeRO-2/3 without pipeline stages; Ulysses CP; no TP
     # communication overlap
     cp_kinds = tuple(k for k in base.cp_kinds if k == "ulysses")
-    base = replace(base, tp_comm_overlap=(False,))
+    base = replace(base, tp_comm_overlap=(False,), ep_comm_overlap=(False,))
     return [replace(base, schedules=("1f1b",), zero_stages=tuple(z for z in base.zero_stages if z <= 1),
                     cp_kinds=cp_kinds),
             replace(base, max_pp=1, cp_kinds=cp_kinds)]
@@ -79,6 +80,7 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
             cp_kinds=tuple(k for k in space.cp_kinds if k in stack.cp_kinds) or space.cp_kinds[:1],
             max_cp=space.max_cp if stack.cp_kinds else 1,
             tp_comm_overlap=tuple(v for v in space.tp_comm_overlap if v in stack.tp_comm_overlap_choices) or (False,),
+            ep_comm_overlap=tuple(v for v in space.ep_comm_overlap if v in stack.ep_comm_overlap_choices) or (False,),
             flash_attention=(stack.flash_attention,), overlap_grad_reduce=(stack.overlap_grad_reduce,),
             overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,))
         if narrowed.schedules and narrowed.zero_stages and narrowed.cp_kinds:

@@ -158,7 +158,7 @@ class GroupTables:
 
 #: the group columns one layer's costs depend on (``config.LAYER_FIELDS`` as the space varies them; the recompute
 #: mode is fixed to "selective", whose activation bytes the tables keep beside those of "none" and "full")
-LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "tpo", "fa")
+LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "tpo", "fa", "epo")
 
 
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
@@ -247,13 +247,13 @@ _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none",
 def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective") -> ConfigBatch:
     """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``) of a space, under one
     recompute mode."""
-    t, c, k, b, s, e, tpo, fa = uniq.T
+    t, c, k, b, s, e, tpo, fa, epo = uniq.T
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
                                     seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
                                     precision=space.precision, expert_tp=t,  # the search keeps expert TP = TP
                                     recompute_modules=space.recompute_modules,
-                                    ep_comm_overlap=False)  # the search does not pair micro-batches (yet)
+                                    ep_comm_overlap=epo.astype(bool))
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

@@ -54,6 +54,10 @@ class SearchSpace:
     overlap_grad_reduce: tuple[bool, ...] = (True,)
     overlap_param_gather: tuple[bool, ...] = (True,)
     grad_reduce_bytes: tuple[int, ...] = (2,)
+    #: batch-level overlap of the MoE all-to-alls (config.RunConfig.ep_comm_overlap), where it can run: EP > 1,
+    #: virtual stages with PP; both values, because Megatron-Core refuses it with full recomputation (those rows
+    #: are skipped as invalid) and full recomputation with EP must stay reachable
+    ep_comm_overlap: tuple[bool, ...] = (False, True)
     #: GEMM precision of the linear layers (the run's choice, not searched: config.PRECISIONS)
     precision: str = "bf16"
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)
@@ -74,10 +78,11 @@ def divisors(n: int) -> tuple[int, ...]:
 #: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules; the runtime options: "tpo"
 #: TP comm overlap, "fa" flash attention, "ogr" / "opg" overlapped grad reduce / param gather (0/1), "grb" bytes
 #: per element of the gradient reduction
-GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp", "tpo", "fa", "ogr", "opg", "grb")
+GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp", "tpo", "fa", "ogr", "opg", "grb",
+              "epo")
 #: the option columns, after the degree columns, and the RunConfig field each sets
 OPTION_FIELDS = {"tpo": "tp_comm_overlap", "fa": "flash_attention", "ogr": "overlap_grad_reduce",
-                 "opg": "overlap_param_gather", "grb": "grad_reduce_bytes"}
+                 "opg": "overlap_param_gather", "grb": "grad_reduce_bytes", "epo": "ep_comm_overlap"}
 G = {name: j for j, name in enumerate(GROUP_COLS)}
 
 
@@ -98,6 +103,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                    for opg in sorted(set(space.overlap_param_gather), reverse=True)
                    for grb in sorted(set(space.grad_reduce_bytes))]
     tpo_opts = sorted({int(x) for x in space.tp_comm_overlap}, reverse=True)
+    epo_opts = sorted({int(x) for x in space.ep_comm_overlap}, reverse=True) if model.is_moe else [0]
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
     tail_sets: list[list[tuple[int, int]]] = []
     for tp in divisors(num_gpus):
@@ -128,20 +134,29 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     # virtual stages per schedule: chunks must split the layers evenly (validity)
                     vpps = [([v for v in divisors(L // pp) if v >= 2 and L % (pp * v) == 0] if pp > 1 else [])
                             if sched.supports_vpp else [1] for sched in scheds]
-                    tails = [(ep, sp, tpo) + opts for ep in eps for sp in sps
+                    tails = [(ep, sp, tpo) + opts + (epo,) for ep in eps for sp in sps
                              if not (ep > 1 and tp > 1 and not sp)  # Megatron-Core MoE: EP with TP needs SP
-                             for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts]
+                             for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts
+                             for epo in (epo_opts if ep > 1 else [0])]
                     if not tails:
                         continue
                     tail_id = len(tail_sets)
                     tail_sets.append(tails)
+                    # with PP and no virtual stages the all-to-all overlap cannot run (Megatron-Core's rule)
+                    plain = [t for t in tails if not t[-1]]
+                    plain_id = len(tail_sets) if len(plain) < len(tails) else tail_id
+                    if plain_id != tail_id:
+                        tail_sets.append(plain)
                     for mb in mbs:
                         m = global_batch // (dp * mb)
                         for s_idx, sched in enumerate(scheds):
                             for v in vpps[s_idx]:
                                 if sched.check(pp, m, v):
                                     continue
-                                heads.append((tp, cp, k_idx, pp, mb, s_idx, v, tail_id))
+                                no_overlap = pp > 1 and v <= 1
+                                if no_overlap and not plain:
+                                    continue
+                                heads.append((tp, cp, k_idx, pp, mb, s_idx, v, plain_id if no_overlap else tail_id))
     if not heads:
         return np.zeros((0, len(GROUP_COLS)), dtype=np.int64)
     head = np.array(heads, dtype=np.int64)
@@ -224,7 +239,11 @@ class Space:
             n_partial = self.max_chunk() - 1
             if not (self.partial_recompute and REC_FULL_ALL in self.rec_codes):
                 n_partial = np.zeros_like(n_partial)
-            cached = (len(self.rec_codes) + n_partial) * len(self.zero_stages)
+            # the MoE all-to-all overlap runs without full recomputation only (Megatron-Core's rule)
+            overlap = self.col("epo").astype(bool)
+            n_full = int(REC_FULL_ALL in self.rec_codes)
+            n_codes = np.where(overlap, len(self.rec_codes) - n_full, len(self.rec_codes))
+            cached = (n_codes + np.where(overlap, 0, n_partial)) * len(self.zero_stages)
             object.__setattr__(self, "_rows_per_group", cached)
         return cached
 
@@ -245,6 +264,10 @@ class Space:
         base = np.array(self.rec_codes, dtype=np.int64)
         nb = len(base)
         rec = np.where(r < nb, base[np.minimum(r, nb - 1)], REC_FULL_K + (r - nb))
+        overlap = self.col("epo")[idx].astype(bool) if len(idx) else np.zeros(0, dtype=bool)
+        if overlap.any():  # those groups' rows skip full recomputation: their codes are the others, in order
+            short = base[base != REC_FULL_ALL]
+            rec = np.where(overlap, short[np.minimum(r, len(short) - 1)] if len(short) else rec, rec)
         return Rows(idx, z, rec)
 
     def config(self, group: int, zero: int, rec: int) -> RunConfig:

@@ -54,6 +54,8 @@ class Stack:
     cp_kinds: tuple[str, ...]
     tp_comm_overlap_choices: tuple[bool, ...]
     source: str = ""
+    #: whether it can overlap the MoE all-to-alls batch-wise (``runs.ep_comm_overlap``; absent: no)
+    ep_comm_overlap_choices: tuple[bool, ...] = (False,)
 
     def options(self) -> dict[str, Any]:
         """The RunConfig runtime options this stack runs with."""
@@ -136,4 +138,6 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         overlap_param_gather=_bool(opts, "overlap_param_gather", source, "options"), tp_comm_overlap=tpo,
         grad_reduce_bytes=GRAD_REDUCE_DTYPES[dtype], schedules=schedules, zero_stages=zero_stages,
         cp_kinds=_list(runs, "cp_kinds", CP_KINDS, source) if runs.get("cp_kinds") else (),
-        tp_comm_overlap_choices=tpo_choices or (False,), source=str(data.get("options_source", "")))
+        tp_comm_overlap_choices=tpo_choices or (False,), source=str(data.get("options_source", "")),
+        ep_comm_overlap_choices=_list(runs, "ep_comm_overlap", (True, False), source, bool) or (False,)
+        if "ep_comm_overlap" in runs else (False,))
