@@ -42,7 +42,8 @@ from planner.specs.hardware import load_cluster
 from planner.specs.model import load_model
 model, cluster = load_model(sys.argv[1]), load_cluster(sys.argv[2])
 n, b, s = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-space = SearchSpace(tp_comm_overlap=(False,)) if sys.argv[6] == "previous-space" else SearchSpace()
+space = SearchSpace(tp_comm_overlap=(False,), ep_comm_overlap=(False,), uneven_chunks=0) \
+    if sys.argv[6] == "previous-space" else SearchSpace()
 out = {}
 for name in ("cold", "warm"):
     c0 = time.process_time()
@@ -68,7 +69,8 @@ def unpack(rev: str, dest: Path) -> Path:
 
 def time_once(src: Path, scenario: tuple, space: str = "default") -> dict:
     """One fresh process importing ``planner`` from ``src``; its cold and warm search CPU seconds. ``space``:
-    "default", or "previous-space" (this version searching only what the previous one could: no TP overlap)."""
+    "default", or "previous-space" (this version searching only what the previous one could: no TP overlap, no MoE
+    all-to-all overlap, virtual chunks of equal size)."""
     _, model, cluster, n, b, s = scenario
     r = subprocess.run([sys.executable, "-c", _CHILD, model, cluster, str(n), str(b), str(s), space],
                        capture_output=True,
@@ -91,7 +93,8 @@ def main() -> None:
         old_src = unpack(args.base, Path(tmp) / "previous")
         versions = {"previous": (old_src, "default"), "this": (ROOT, "default"), "same": (ROOT, "previous-space")}
         t = Table(title=f"Search CPU seconds, this version vs {args.base} (min of {args.repeats} fresh processes); "
-                        "'same space': this version without the new TP-overlap dimension")
+                        "'same space': this version in the previous release's space (no TP or all-to-all "
+                        "overlap dimensions, equal virtual chunks)")
         for col in ("scenario", "previous cold / warm", "this cold / warm", "ratio cold / warm",
                     "same space cold / warm", "ratio", "exact evals (prev / this)", "best plan (this)",
                     "step s (prev / this)"):

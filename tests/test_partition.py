@@ -147,10 +147,14 @@ def test_per_stage_recompute_validity_and_json_roundtrip():
 
 
 def test_virtual_stages_that_do_not_divide_get_a_valid_split(big):
-    """126 layers over 16 x 2 V-placed chunks: invalid without an explicit split; the partition supplies one."""
+    """126 layers over 16 x 2 V-placed chunks: without an explicit split the chunks are as even as possible (30 of 4
+    layers, two of 3: config.even_layer_split, which Megatron's --pipeline-model-parallel-layout can spell); the
+    partition supplies a valid split of its own."""
     model, cluster = big
     cfg = cfg_405b(micro_batch_size=1, schedule="zbv", vpp=2)
-    assert config_problems(model, cluster, cfg)
+    assert not config_problems(model, cluster, cfg)
+    chunks = [n for st in estimate(model, cluster, cfg).stages for n in st.layers]
+    assert sorted(chunks)[:2] == [3, 3] and set(sorted(chunks)[2:]) == {4}
     out = partition(model, cluster, cfg)
     assert not config_problems(model, cluster, out)
     e = estimate(model, cluster, out)

@@ -76,6 +76,16 @@ CASES.append((small_gpt(layers=4, hidden=1024, heads=8), H100, 4, 8, 2048,
               SearchSpace(partial_recompute=False, schedules=("1f1b", "zb-h1"), zero_stages=(0, 3),
                           recompute_modes=("none", "full"), **ALL_OPTIONS)))
 IDS.append("gpt-4L-4gpu-every-option")
+#: 13 layers: virtual pipelines whose end chunks are a layer short (SearchSpace.uneven_chunks), with partial full
+#: recomputation, whose memory bound must hold for chunks of either size
+CASES.append((small_gpt(layers=13, hidden=1024, heads=8), H100, 8, 16, 2048,
+              SearchSpace(schedules=("interleaved-1f1b", "zbv", "bfs"), cp_kinds=("ring",), zero_stages=(1, 3))))
+IDS.append("gpt-13L-8gpu-uneven-chunks")
+
+
+def test_the_uneven_case_holds_uneven_virtual_chunks():
+    rows, *_ = brute_force(*CASES[-1])
+    assert any(cfg.vpp > 1 and 13 % (cfg.pp * cfg.vpp) for _, _, cfg, _, _ in rows)
 
 
 @pytest.mark.parametrize("model,cluster,n,batch,seq,space", CASES, ids=IDS)

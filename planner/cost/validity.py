@@ -104,9 +104,6 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
                                                       f"layers"))
         elif cfg.recompute != "full":
             out.append(("recompute_layers_per_stage", "per-stage recomputation needs --recompute full"))
-    if cfg.vpp > 1 and cfg.layers_per_stage is None and model.num_layers % stages:
-        out.append(("vpp", f"{model.num_layers} layers are not divisible by pp*vpp = {stages} (virtual stages "
-                           f"need equal chunks)"))
     if cfg.seq_len % (2 * cfg.cp) and cfg.cp > 1:
         out.append(("cp", f"seq_len {cfg.seq_len} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
                           f"causal split)"))

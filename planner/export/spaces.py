@@ -38,7 +38,9 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
     base = SearchSpace(precision=precision, recompute_modules=recompute_modules)
     if target in ("megatron", "nemo"):
         schedules = tuple(s for s in base.schedules if megatron.SCHEDULE_SUPPORT.get(s))
-        spaces = [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1))]
+        # NeMo 2's strategy sets only first / last stage layer counts: virtual chunks must be equal there
+        spaces = [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1),
+                          uneven_chunks=base.uneven_chunks if target == "megatron" else 0)]
         if target == "megatron":  # ZeRO-2/3 through Megatron FSDP, which needs a model without pipeline stages
             spaces.append(replace(base, max_pp=1))
         return spaces

@@ -519,11 +519,14 @@ def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.
 
 def _activation_bytes(t: GroupTables, g: np.ndarray, rec: np.ndarray, n_layers: np.ndarray, n_moe: np.ndarray,
                       vpp: np.ndarray) -> np.ndarray:
-    """Activations of one micro-batch through n_layers (n_moe of them MoE; vpp equal chunks) under a recomputation
+    """Activations of one micro-batch through n_layers (n_moe of them MoE) in vpp chunks under a recomputation
     code: fully recomputed layers keep their input only; the others keep what their kind keeps (which of them are
-    recomputed is not tracked, so the recomputed ones are charged the larger kind's share)."""
-    full = np.select([rec == REC_FULL_ALL, rec >= REC_FULL_K], [n_layers, vpp * np.minimum(n_layers // vpp,
-                                                                                           recompute_k(rec))], 0)
+    recomputed is not tracked, so the recomputed ones are charged the larger kind's share). Chunks may differ by a
+    layer (``SearchSpace.uneven_chunks``): the k layers a chunk recomputes are counted for chunks of the larger
+    size, at most n_layers, so the bound never keeps more than a rank does."""
+    per_chunk = -(-n_layers // vpp)
+    full = np.select([rec == REC_FULL_ALL, rec >= REC_FULL_K],
+                     [n_layers, np.minimum(n_layers, vpp * np.minimum(per_chunk, recompute_k(rec)))], 0)
     sel = rec == REC_SELECTIVE
     kept_d = np.where(sel, t.act_kept_bytes[g, 2], t.act_kept_bytes[g, 0])
     kept_m = np.where(sel, t.act_kept_bytes[g, 3], t.act_kept_bytes[g, 1])

@@ -31,6 +31,8 @@ from planner.specs.model import ModelSpec
 #: recomputation variant codes of the ``rec`` column; codes >= REC_FULL_K mean "full on the first (code - 2)
 #: layers of every stage" (Megatron --recompute-method block --recompute-num-layers k)
 REC_NONE, REC_SELECTIVE, REC_FULL_ALL, REC_FULL_K = 0, 1, 2, 3
+#: virtual-pipeline chunks that may be one layer shorter than the others in the layouts the search holds
+UNEVEN_CHUNKS = 3
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class SearchSpace:
     #: virtual stages with PP; both values, because Megatron-Core refuses it with full recomputation (those rows
     #: are skipped as invalid) and full recomputation with EP must stay reachable
     ep_comm_overlap: tuple[bool, ...] = (False, True)
+    #: virtual-pipeline chunks that may be one layer short (near_even_chunks); 0 where a launcher needs equal ones
+    uneven_chunks: int = UNEVEN_CHUNKS
     #: GEMM precision of the linear layers (the run's choice, not searched: config.PRECISIONS)
     precision: str = "bf16"
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)
@@ -66,6 +70,15 @@ class SearchSpace:
     max_cp: int | None = None
     max_pp: int | None = None
     micro_batch_sizes: tuple[int, ...] | None = None  # None = every divisor
+
+
+def near_even_chunks(num_layers: int, chunks: int, uneven: int = UNEVEN_CHUNKS) -> bool:
+    """Whether ``num_layers`` split into ``chunks`` model chunks is a layout people run: equal chunks, or equal chunks
+    but for at most ``uneven`` one layer shorter, at the ends, which carry the embedding and the loss (Llama 3 405B's
+    1 + 2 x 62 + 1 over 64 chunks; DeepSeek-V3's 61 layers over 32; ``config.even_layer_split`` gives the extra
+    layers to the middle chunks)."""
+    r = num_layers % chunks
+    return r == 0 or r >= chunks - uneven
 
 
 @lru_cache(maxsize=4096)
@@ -132,7 +145,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     if space.micro_batch_sizes is not None:
                         mbs = [b for b in mbs if b in space.micro_batch_sizes]
                     # virtual stages per schedule: chunks must split the layers evenly (validity)
-                    vpps = [([v for v in divisors(L // pp) if v >= 2 and L % (pp * v) == 0] if pp > 1 else [])
+                    vpps = [([v for v in range(2, L // pp + 1) if near_even_chunks(L, pp * v, space.uneven_chunks)] if pp > 1 else [])
                             if sched.supports_vpp else [1] for sched in scheds]
                     tails = [(ep, sp, tpo) + opts + (epo,) for ep in eps for sp in sps
                              if not (ep > 1 and tp > 1 and not sp)  # Megatron-Core MoE: EP with TP needs SP
