@@ -130,3 +130,13 @@ def test_stack_spaces_narrow_the_launchers_spaces():
     spaces = stack_spaces(load_stack("megatron-2021"))
     assert all(s.max_cp == 1 and s.flash_attention == (False,) and s.tp_comm_overlap == (False,) for s in spaces)
     assert all(set(s.schedules) <= {"1f1b", "interleaved-1f1b"} and set(s.zero_stages) <= {0, 1} for s in spaces)
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch", "8"],
+    ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch", "8"],
+    ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch", "8"],
+])
+def test_an_empty_stack_is_refused_alike_by_every_command(command):
+    r = CliRunner().invoke(app, command + ["--stack", ""])
+    assert r.exit_code == 2 and "--stack: empty stack name" in r.output

@@ -161,7 +161,7 @@ def plan(
         from planner.export import TARGETS
         if emit not in TARGETS:
             raise PlannerError(f"unknown launcher '{emit}'", source="--emit", fix=f"use one of: {', '.join(TARGETS)}")
-    stack_name = stack_name_for(stack or None, emit)  # an empty --stack means the default here
+    stack_name = stack_name_for(stack, emit)  # an empty --stack is refused, as estimate and sweep refuse it
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
     hw = load_cluster(cluster)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from planner.cost import comm
 from planner.specs.hardware import GB, Cluster, load_cluster
+from planner.validation.compare import relative_error
 
 RUNS_FILE = Path(__file__).with_name("collective_runs.json")
 #: nccl-tests' bus-bandwidth factor per collective (NVIDIA/nccl-tests doc/PERFORMANCE.md)
@@ -29,8 +30,7 @@ class CollectiveComparison:
 
     @property
     def error(self) -> float:
-        """(estimated - measured) / measured."""
-        return (self.estimated - self.measured) / self.measured
+        return relative_error(self.estimated, self.measured)
 
 
 def _cluster(row: dict) -> Cluster:

@@ -15,6 +15,11 @@ from planner.specs.model import model_from_config
 RUNS_FILE = Path(__file__).with_name("published_runs.json")
 
 
+def relative_error(estimated: float, measured: float) -> float:
+    """Signed relative error of every validation set: (estimated - measured) / measured."""
+    return (estimated - measured) / measured
+
+
 @dataclass(frozen=True)
 class ValidationRow:
     id: str
@@ -26,8 +31,7 @@ class ValidationRow:
 
     @property
     def error(self) -> float:
-        """Signed relative error (estimated - measured) / measured."""
-        return (self.estimated - self.measured) / self.measured
+        return relative_error(self.estimated, self.measured)
 
 
 def load_runs(path: Path = RUNS_FILE) -> list[dict]:
@@ -102,7 +106,7 @@ class ModernRow:
 
     @property
     def error(self) -> float:
-        return (self.estimated - self.measured) / self.measured
+        return relative_error(self.estimated, self.measured)
 
 
 def load_modern_runs(path: Path = MODERN_FILE) -> list[dict]:
