@@ -85,6 +85,7 @@ def stack_rows() -> list[dict[str, Any]]:
         out.append({"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
                     "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
                     "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
+                    "moe_overlap": "yes" if True in s.ep_comm_overlap_choices else "no",
                     "description": s.description})
     return out
 
@@ -104,7 +105,8 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "schedules": [("name", "name", "{}"), ("virtual_stages", "virtual stages", "{}"),
                   ("launchers", "launchers", "{}"), ("description", "description", "{}")],
     "stacks": [("name", "name", "{}"), ("launcher", "launcher", "{}"), ("options", "options", "{}"),
-               ("schedules", "schedules", "{}"), ("zero_stages", "ZeRO", "{}"), ("cp_kinds", "CP", "{}")],
+               ("schedules", "schedules", "{}"), ("zero_stages", "ZeRO", "{}"), ("cp_kinds", "CP", "{}"),
+               ("moe_overlap", "MoE all-to-all overlap", "{}")],
 }
 
 
