@@ -94,8 +94,9 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     """Operators of one transformer layer, one micro-batch, on one GPU (after TP, CP and SP sharding).
 
     Tokens per GPU are b*s/cp; GEMM output dims are split by TP. Attention core FLOPs: 4*b*s^2*h per layer
-    (QK^T and attention x V, Narayanan Eq. 3's s/(6h) term), divided by CP, halved when a flash kernel skips the
-    masked half of a causal mask (an assumption stated in the README).
+    (QK^T and attention x V, Narayanan Eq. 3's s/(6h) term), divided by CP, times the share a flash kernel computes
+    (:func:`attended_fraction`: half of a causal mask, less in sliding-window layers; an assumption stated in the
+    README).
     """
     t, cp = cfg.tp, cfg.cp
     T = cfg.tokens_per_rank  # tokens on this GPU
@@ -110,7 +111,8 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     s_kv = cfg.seq_len  # each query attends to the whole (causal) sequence, whatever the CP split
     # QK^T (2 T s q) and scores x V (2 T s out): 4 T s q_dim for standard attention; MLA's value head is narrower
     core_flops = 2.0 * T * s_kv * (model.attn_q_dim + model.attn_out_dim) / t
-    ops.append(Op("attention_core", "attention", flops=np.where(flash, core_flops * 0.5, 0.0),
+    ops.append(Op("attention_core", "attention", flops=np.where(flash, core_flops * attended_fraction(model,
+                                                                                                       s_kv), 0.0),
                   bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
     # head size d ~ 100 they are thin, so the roofline's memory side matters
@@ -177,6 +179,16 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
             ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * T * elems, bwd_ratio=2.0, weight_grad_fraction=0.0,
                           recompute_module=module))
     return ops
+
+
+def attended_fraction(model: ModelSpec, seq_len):
+    """Share of the s x s score square a flash kernel computes, averaged over the layers: half under a causal mask
+    (the masked blocks are skipped); for a sliding-window layer (window w < s) the mean number of keys a query
+    attends, w - w (w - 1) / (2 s) (the first w queries see fewer), over s. Layers and windows from the spec."""
+    seq_len = np.asarray(seq_len, dtype=float)
+    n, w = model.sliding_window_layers, float(model.sliding_window)
+    windowed = np.where(seq_len > w, (w - w * (w - 1) / (2 * seq_len)) / seq_len, 0.5)
+    return ((model.num_layers - n) * 0.5 + n * windowed) / model.num_layers
 
 
 def mla_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:

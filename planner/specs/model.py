@@ -65,6 +65,11 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     qk_nope_head_dim: int = 0
+    #: sliding-window attention: each query of the ``sliding_window_layers`` layers attends to at most the
+    #: ``sliding_window`` keys before it (config.json ``sliding_window``; which layers: ``layer_types``, all layers
+    #: of Mistral's original config); 0 = every layer attends to the whole causal prefix
+    sliding_window: int = 0
+    sliding_window_layers: int = 0
     source: str = ""
 
     # ----- derived shapes -------------------------------------------------------------------------------------
@@ -291,6 +296,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
                                        f"moe_intermediate_size {moe_ffn}", source=source,
                                        field="shared_expert_intermediate_size")
                 shared = shared_width // moe_ffn
+        window, window_layers = _sliding_window(f, model_type, layers)
         spec = ModelSpec(
             name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=f.int("intermediate_size"),
             num_layers=layers, num_heads=heads,
@@ -311,6 +317,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             qk_rope_head_dim=f.int("qk_rope_head_dim", default=0, minimum=0),
             v_head_dim=f.int("v_head_dim", default=0, minimum=0),
             qk_nope_head_dim=f.int("qk_nope_head_dim", default=0, minimum=0),
+            sliding_window=window, sliding_window_layers=window_layers if window else 0,
             source=src,
         )
     else:
@@ -318,6 +325,25 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
                            fix=f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     validate_model(spec, source)
     return spec
+
+
+def _sliding_window(f: "_Fields", model_type: str, layers: int) -> tuple[int, int]:
+    """(window, layers that use it) from a config.json: ``layer_types`` counts the "sliding_attention" layers
+    (transformers' convention, gpt-oss and Gemma 3 write it); without it Mistral applies ``sliding_window`` to every
+    layer, and Qwen2 only with ``use_sliding_window`` (to the layers from ``max_window_layers`` on)."""
+    window = f.int("sliding_window", default=0, minimum=0)
+    if not window:
+        return 0, 0
+    types = f.data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
+            raise PlannerError(f"must list {layers} layer type names", source=f.source, field="layer_types")
+        return window, sum(t == "sliding_attention" for t in types)
+    if model_type == "mistral":
+        return window, layers
+    if model_type in ("qwen2", "qwen2_moe") and f.bool("use_sliding_window", False):
+        return window, max(0, layers - f.int("max_window_layers", default=layers, minimum=0))
+    return 0, 0
 
 
 def validate_model(spec: ModelSpec, source: str) -> None:
