@@ -152,12 +152,10 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
         # the T k token copies (bf16); their share per TP rank is 1/sp
         ops.append(Op("moe_permute", "memory", hbm_bytes=ACT_BYTES * 4 * T * k * h / sp, bwd_ratio=1.0,
                       weight_grad_fraction=0.0))
-        k += model.num_shared_experts  # the activation-function width below covers the shared experts too
     else:
         f = model.ffn_hidden_size
         ops += _linear("mlp_in", T, h, (n_mats - 1) * f / t, cfg, module="mlp")
         ops += _linear("mlp_out", T, f / t, h, cfg, module="mlp")
-        k = 1
     # ---- memory-bound kernels (bytes moved per token, bf16), each forward read + write and twice that backward;
     # apart where a recompute module redoes them: the two norms ("layernorm"), the MLP activation ("mlp" in a dense
     # layer, "moe_act" for the routed experts), RoPE (with MLA's up-projections, "mla_up_proj")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost.compute import Config, expert_tp_token_share, sp_degree
-from planner.specs.config import recompute_module_on
+from planner.specs.config import per_precision, recompute_module_on
 from planner.specs.model import ModelSpec
 
 WEIGHT_BYTES = 2  # bf16 weights
@@ -132,11 +132,7 @@ SAVED_INPUT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1.0 / 
 
 def saved_linear_input_bytes(precision):
     """:data:`SAVED_INPUT_BYTES` of a precision name or an array of them."""
-    precision = np.asarray(precision)
-    out = np.full(precision.shape, 2.0)
-    for name, b in SAVED_INPUT_BYTES.items():
-        out = np.where(precision == name, b, out)
-    return out if out.ndim else float(out)
+    return per_precision(precision, SAVED_INPUT_BYTES.items(), 2.0)
 
 
 def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | None = None, moe: bool = False):

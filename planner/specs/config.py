@@ -47,6 +47,16 @@ CP_KINDS = ("ring", "ulysses")
 PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
 
 
+def per_precision(precision, values, default: float) -> np.ndarray:
+    """``values`` ((name, value) pairs) looked up for ``precision`` (a name, or an array of names over a batch);
+    ``default`` for names not listed."""
+    precision = np.asarray(precision)
+    out = np.full(precision.shape, default, dtype=float)
+    for name, value in values:
+        out = np.where(precision == name, value, out)
+    return out
+
+
 @dataclass(frozen=True)
 class RunConfig:
     num_gpus: int

@@ -16,6 +16,7 @@ import numpy as np
 
 from planner.errors import PlannerError
 from planner.specs.collectives import DEFAULT_COLLECTIVE_LIBRARY, CollectiveLibrary, load_collective_library
+from planner.specs.config import per_precision
 from planner.specs.model import MAX_CONFIG_INT, _data_dir, _resolve, read_json_file
 
 #: GEMM precisions narrower than bf16 a profile may give a dense peak for (``peak_<name>_tflops``)
@@ -76,19 +77,12 @@ class GPU:
     def tensor_speedup(self, precision):
         """Dense tensor-core FLOP/s of ``precision`` (a name, or an array of names) over bf16's: 1 for bf16, NaN
         for a precision the GPU lacks (``planner.cost.validity`` refuses those first)."""
-        precision = np.asarray(precision)
-        out = np.where(precision == "bf16", 1.0, np.nan)
-        for name, flops in self.peak_flops_low_precision:
-            out = np.where(precision == name, flops / self.peak_flops, out)
-        return out
+        return per_precision(precision, (("bf16", 1.0),) + tuple(
+            (name, flops / self.peak_flops) for name, flops in self.peak_flops_low_precision), np.nan)
 
     def gemm_efficiency_ratio(self, precision):
         """:attr:`low_precision_gemm_efficiency` of ``precision`` (names or an array of them), 1 where none."""
-        precision = np.asarray(precision)
-        out = np.ones(precision.shape)
-        for name, ratio in self.low_precision_gemm_efficiency:
-            out = np.where(precision == name, ratio, out)
-        return out
+        return per_precision(precision, self.low_precision_gemm_efficiency, 1.0)
 
     @property
     def usable_memory_bytes(self) -> float:
