@@ -125,20 +125,19 @@ def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes, algorithm: str 
     lib, n, k = cluster.collectives, g.size, g.members_per_node
     msg = np.asarray(msg_bytes, dtype=float)
     bw = ring_bandwidth(cluster, g)
-    inf = np.full(np.broadcast(msg, n).shape, np.inf)
     ring = _ring_s(lib, g, 2 * (n - 1) / n * msg, 2, bw)
     spans = np.asarray(g.spans_nodes)
-    tree = None
+    tree = nvls = np.inf  # an algorithm that cannot run on the group
     if spans.any():  # the tree runs across nodes only
         log_nodes = np.floor(np.log2(np.maximum(1, g.nodes)))
         tree = _fastest_protocol(
             lib.tree_base_s, lambda p: 2 * ((k - 1) * lib.tree_nvlink_hop_s[p] + log_nodes * lib.tree_net_hop_s[p]),
             lib.tree_bandwidth_share, 2 * msg, bw)
-    tree = inf if tree is None else np.where(spans, tree, np.inf)
+        tree = np.inf if tree is None else np.where(spans, tree, np.inf)
     nvls_bw = cluster.intra_node.nvls_bus_bandwidth_bytes_per_s
-    nvls = inf if nvls_bw <= 0 or spans.all() else np.where(
-        g.spans_nodes, np.inf, lib.nvls_nvlink_hop_s + np.maximum(2 * (n - 1) / n * msg / nvls_bw,
-                                                                  msg / cluster.intra_node.bus_bandwidth_bytes_per_s))
+    if nvls_bw > 0 and not spans.all():  # NVLink SHARP inside a node whose switch has it
+        nvls = np.where(spans, np.inf, lib.nvls_nvlink_hop_s + np.maximum(
+            2 * (n - 1) / n * msg / nvls_bw, msg / cluster.intra_node.bus_bandwidth_bytes_per_s))
     options = {"ring": ring, "tree": tree, "nvls": nvls}
     if algorithm is not None and algorithm not in options:
         raise ValueError(f"algorithm must be one of {sorted(options)}, got {algorithm!r}")
