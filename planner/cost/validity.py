@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from planner.cost.schedule import SCHEDULES
-from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES, RunConfig,
-                                   canonical_recompute_modules, even_layer_split)
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES,
+                                   RunConfig, canonical_recompute_modules, even_layer_split, recompute_module_on)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -35,15 +35,14 @@ def recompute_modules_problem(model: ModelSpec, modules: str, recompute: str = "
         canonical = canonical_recompute_modules(modules)
     except ValueError as e:
         return str(e)
-    names = modules.split(",")
     if canonical != modules:
         return f"'{modules}' is not in canonical form; write '{canonical}'"
     if modules != DEFAULT_RECOMPUTE_MODULES and recompute != "selective":
         return "recompute modules apply to selective recomputation; add --recompute selective or drop " \
                "--recompute-modules"
-    if "mla_up_proj" in names and not model.is_mla:
+    if recompute_module_on(modules, "mla_up_proj") and not model.is_mla:
         return f"mla_up_proj needs multi-head latent attention, which {model.name} does not have; drop it"
-    if "moe_act" in names and not model.is_moe:
+    if recompute_module_on(modules, "moe_act") and not model.is_moe:
         return f"moe_act recomputes experts' activations; {model.name} has no experts; drop it"
     return None
 

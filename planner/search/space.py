@@ -145,8 +145,8 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     if space.micro_batch_sizes is not None:
                         mbs = [b for b in mbs if b in space.micro_batch_sizes]
                     # virtual stages per schedule: chunks must split the layers evenly (validity)
-                    vpps = [([v for v in range(2, L // pp + 1) if near_even_chunks(L, pp * v, space.uneven_chunks)] if pp > 1 else [])
-                            if sched.supports_vpp else [1] for sched in scheds]
+                    vpps = [([v for v in range(2, L // pp + 1) if near_even_chunks(L, pp * v, space.uneven_chunks)]
+                             if pp > 1 else []) if sched.supports_vpp else [1] for sched in scheds]
                     tails = [(ep, sp, tpo) + opts + (epo,) for ep in eps for sp in sps
                              if not (ep > 1 and tp > 1 and not sp)  # Megatron-Core MoE: EP with TP needs SP
                              for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts

@@ -139,5 +139,5 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         grad_reduce_bytes=GRAD_REDUCE_DTYPES[dtype], schedules=schedules, zero_stages=zero_stages,
         cp_kinds=_list(runs, "cp_kinds", CP_KINDS, source) if runs.get("cp_kinds") else (),
         tp_comm_overlap_choices=tpo_choices or (False,), source=str(data.get("options_source", "")),
-        ep_comm_overlap_choices=_list(runs, "ep_comm_overlap", (True, False), source, bool) or (False,)
+        ep_comm_overlap_choices=(_list(runs, "ep_comm_overlap", (True, False), source, bool) or (False,))
         if "ep_comm_overlap" in runs else (False,))
