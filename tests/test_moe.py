@@ -2,7 +2,10 @@
 all-to-all volumes, expert sharding of weights and optimizer states, EP validity rules, and the estimate."""
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,7 +13,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.cost import comm
-from planner.cost.compute import layer_ops, model_flops_per_step
+from planner.cost.compute import layer_ops, model_flops_per_step, pass_times
 from planner.cost.memory import active_params, embedding_params, expert_params_per_layer, mla_params, total_params
 from planner.cost.moe import (dispatch_bytes, ep_all_to_all_bytes_per_layer, ep_layer_cost, expert_params_per_gpu,
                               tokens_per_local_expert)
@@ -335,3 +338,78 @@ def test_exporters_write_the_expert_tp_degree():
     assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"
     assert nemo.strategy_kwargs(plan)["expert_tensor_parallel_size"] == 1
     assert torchtitan.sections(plan)["parallelism"]["expert_tensor_parallel_degree"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fine-grained experts: the grouped GEMM runs no faster than the stack issues its per-expert GEMMs
+# ---------------------------------------------------------------------------------------------------------------
+B200 = load_cluster("b200-180gb")
+QWEN3_30B = "planner/validation/models/qwen3-30b-a3b.json"
+
+
+def test_expert_gemms_are_issued_one_per_local_expert():
+    """Transformer Engine's GroupedLinear issues one GEMM per local expert (E / ep of them): the two expert
+    linears carry that count, every other operator of the layer none."""
+    model = load_model(QWEN3_30B)
+    cfg = RunConfig(num_gpus=8, ep=8, global_batch_size=64, seq_len=4096, precision="mxfp8")
+    ops = layer_ops(model, cfg, moe=True)
+    calls = {o.name: float(o.expert_calls) for o in ops if np.any(o.expert_calls)}
+    assert calls == {"experts_in": 16.0, "experts_out": 16.0}  # 128 experts over EP 8
+
+
+def test_issue_bound_expert_gemms_take_the_issue_time_and_large_ones_their_kernel_time():
+    """Qwen3-30B-A3B on B200 at micro-batch 1: each expert's GEMM (2048 tokens x 2048 x 1536 in mxfp8) is a few
+    microseconds of tensor-core work, far below the profile's fitted issue time, so the grouped GEMM takes
+    16 x that time forward and twice it backward; DeepSeek-V3's experts (7168-wide, 4096 tokens each at EP 32)
+    are long enough to hide it."""
+    issue_s = float(B200.gpu.expert_call_s("mxfp8"))
+    assert 20e-6 < issue_s < 200e-6
+    bare = replace(B200, gpu=replace(B200.gpu, expert_gemm_call_s=()))
+    model = load_model(QWEN3_30B)
+    cfg = RunConfig(num_gpus=8, ep=8, global_batch_size=64, seq_len=4096, precision="mxfp8")
+    for op in [o for o in layer_ops(model, cfg, moe=True) if o.name in ("experts_in", "experts_out")]:
+        bound, free = pass_times([op], B200.gpu), pass_times([op], bare.gpu)
+        assert free.fwd_s < 16 * issue_s / 4
+        assert bound.fwd_s == pytest.approx(16 * issue_s)
+        assert bound.bwd_s == pytest.approx(2 * 16 * issue_s)
+    dsv3 = RunConfig(num_gpus=256, pp=8, ep=32, global_batch_size=1024, seq_len=4096, precision="mxfp8")
+    ops = [o for o in layer_ops(DSV3, dsv3, moe=True) if o.name == "experts_in"]
+    assert pass_times(ops, B200.gpu).fwd_s == pytest.approx(pass_times(ops, bare.gpu).fwd_s)
+
+
+@settings(max_examples=40, deadline=None)
+@given(issue_us=st.floats(0, 1000), mb=st.sampled_from([1, 2, 4, 8]), ep=st.sampled_from([1, 2, 4, 8]))
+def test_issue_time_never_makes_a_layer_faster_and_is_gone_at_zero(issue_us, mb, ep):
+    model = load_model(QWEN3_30B)
+    cfg = RunConfig(num_gpus=8, ep=ep, global_batch_size=64, micro_batch_size=mb, seq_len=4096, precision="mxfp8")
+    ops = layer_ops(model, cfg, moe=True)
+    slow = replace(B200.gpu, expert_gemm_call_s=(("mxfp8", issue_us * 1e-6),))
+    bare = replace(B200.gpu, expert_gemm_call_s=())
+    a, b = pass_times(ops, slow), pass_times(ops, bare)
+    assert a.fwd_s >= b.fwd_s and a.bwd_s >= b.bwd_s
+    assert a.fwd_s <= b.fwd_s + 2 * (128 / ep) * issue_us * 1e-6 + 1e-12
+    if issue_us == 0:
+        assert a.fwd_s == b.fwd_s and a.bwd_s == b.bwd_s
+
+
+def test_bigger_micro_batches_amortize_the_expert_issue_time():
+    """Megatron-Core's MoE guide, 'CPU Overhead Bottleneck': increase the micro-batch size. Per token, the
+    issue-bound Qwen3-30B step gets faster from micro-batch 1 to 4 (published: the GB200 recipe runs 4)."""
+    model = load_model(QWEN3_30B)
+    t = [estimate(model, B200, RunConfig(num_gpus=8, ep=8, global_batch_size=512, micro_batch_size=mb,
+                                         seq_len=4096, precision="mxfp8", recompute="none")).step_time_s
+         for mb in (1, 4)]
+    assert t[1] < 0.8 * t[0]
+
+
+def test_profiles_check_the_expert_issue_time_section():
+    from planner.specs.hardware import cluster_from_dict
+    data = json.loads((Path("hardware_profiles") / "b200-180gb.json").read_text())
+    data["gpu"]["expert_gemm_call_us"] = {"fp4": {"value": 10}}
+    with pytest.raises(PlannerError, match="unknown precision 'fp4'"):
+        cluster_from_dict(data)
+    data["gpu"]["expert_gemm_call_us"] = {"bf16": {"value": -1}}
+    with pytest.raises(PlannerError, match="expert_gemm_call_us.bf16.value"):
+        cluster_from_dict(data)
+    data["gpu"]["expert_gemm_call_us"] = {"bf16": {"value": 0}}
+    assert cluster_from_dict(data).gpu.expert_gemm_call_s == (("bf16", 0.0),)

@@ -53,6 +53,9 @@ class Op:
     recompute_module: str = ""
     gemm_flops: float | np.ndarray = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
     precision: str | np.ndarray = "bf16"  # tensor-core precision of a GEMM (config.PRECISIONS)
+    #: GEMMs of a grouped GEMM the host issues one call each for (a layer's local experts), per forward; its
+    #: backward issues two per forward GEMM (input and weight gradient). 0: one kernel, never host-bound
+    expert_calls: float | np.ndarray = 0.0
 
 
 def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
@@ -68,7 +71,7 @@ def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
 FP8_CAST_BYTES_PER_ELEMENT = 2 + 1 + 1
 
 
-def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "") -> list[Op]:
+def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "", expert_calls=0.0) -> list[Op]:
     """A linear layer's GEMM (m x k input by k x n weight) at the configuration's GEMM precision, and, in fp8 /
     mxfp8, the quantization of its operands: the input in forward, the output gradient in backward (the weights
     are cast once per step and cached across micro-batches, Megatron's ``is_first_microbatch``, so not here)."""
@@ -76,7 +79,8 @@ def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "") -> l
     low = (precision == "fp8") | (precision == "mxfp8")
     cast = Op(f"{name}_fp8_cast", "memory", hbm_bytes=np.where(low, FP8_CAST_BYTES_PER_ELEMENT * m * k * batch, 0.0),
               bwd_ratio=n / k, weight_grad_fraction=0.0, recompute_module=module)
-    return [_gemm(name, m, k, n, batch, precision=cfg.precision, recompute_module=module), cast]
+    return [_gemm(name, m, k, n, batch, precision=cfg.precision, recompute_module=module,
+                  expert_calls=expert_calls), cast]
 
 
 def sp_degree(cfg: Config):
@@ -142,8 +146,8 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
         etp = cfg.expert_tp
         local = model.num_experts / cfg.ep
         m_e = T * k / local * expert_tp_token_share(cfg)
-        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local)
-        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local)
+        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, expert_calls=local)
+        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local, expert_calls=local)
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
             ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg)
@@ -277,6 +281,10 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
     for op in ops:
         tf = op_time_s(op, gpu)
         tb = tf * op.bwd_ratio
+        if np.any(op.expert_calls) and gpu.expert_gemm_call_s:
+            # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
+            issue = op.expert_calls * gpu.expert_call_s(op.precision)
+            tf, tb = np.maximum(tf, issue), np.maximum(tb, GEMM_BWD_RATIO * issue)
         fwd = fwd + tf
         bwd_w = bwd_w + tb * op.weight_grad_fraction
         bwd_in = bwd_in + tb * (1.0 - op.weight_grad_fraction)

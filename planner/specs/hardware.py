@@ -69,6 +69,11 @@ class GPU:
     #: fraction of its bf16 GEMM efficiency (at the same duration) a narrower precision's GEMMs reach: fitted per
     #: GPU and precision on public runs (the profile lists them); 1 where not fitted
     low_precision_gemm_efficiency: tuple[tuple[str, float], ...] = ()
+    #: per GEMM precision, the time the training stack takes to issue one expert's GEMM of a grouped expert GEMM
+    #: (Transformer Engine's GroupedLinear quantizes and calls one GEMM per local expert, after the all-to-all
+    #: dispatcher's host sync): the GPU waits when the expert GEMMs are shorter. Fitted per profile and precision
+    #: on public MoE runs (the profile lists them); 0 where not fitted (never launch-bound)
+    expert_gemm_call_s: tuple[tuple[str, float], ...] = ()
 
     def precisions(self) -> tuple[str, ...]:
         """The GEMM precisions this GPU runs: bf16 and those its profile gives a peak for."""
@@ -83,6 +88,10 @@ class GPU:
     def gemm_efficiency_ratio(self, precision):
         """:attr:`low_precision_gemm_efficiency` of ``precision`` (names or an array of them), 1 where none."""
         return per_precision(precision, self.low_precision_gemm_efficiency, 1.0)
+
+    def expert_call_s(self, precision):
+        """:attr:`expert_gemm_call_s` of ``precision`` (names or an array of them), 0 where none."""
+        return per_precision(precision, self.expert_gemm_call_s, 0.0)
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -197,17 +206,23 @@ def _curve(d: Any, source: str, section: str) -> EfficiencyCurve:
 
 def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
     """``gpu.low_precision_gemm_efficiency``: {precision: {"value": ratio in (0, 1], ...provenance}}."""
+    return _per_precision(d, source, "gpu.low_precision_gemm_efficiency", maximum=1.0)
+
+
+def _per_precision(d: Any, source: str, section: str, *, maximum: float | None, scale: float = 1.0,
+                   precisions: tuple[str, ...] = LOW_PRECISIONS) -> tuple[tuple[str, float], ...]:
+    """A fitted per-precision section: {precision: {"value": number, ...provenance}}."""
     if d is None:
         return ()
-    section = "gpu.low_precision_gemm_efficiency"
     if not isinstance(d, dict):
-        raise PlannerError("must be an object of {precision: {\"value\": ratio}}", source=source, field=section)
+        raise PlannerError("must be an object of {precision: {\"value\": number}}", source=source, field=section)
     out = []
     for name, entry in d.items():
-        if name not in LOW_PRECISIONS:
+        if name not in precisions:
             raise PlannerError(f"unknown precision '{name}'", source=source, field=section,
-                               fix=f"use one of: {', '.join(LOW_PRECISIONS)}")
-        out.append((name, _num(entry, "value", source, f"{section}.{name}", maximum=1.0)))
+                               fix=f"use one of: {', '.join(precisions)}")
+        out.append((name, _num(entry, "value", source, f"{section}.{name}", positive=maximum is not None,
+                               maximum=maximum) * scale))
     return tuple(out)
 
 
@@ -231,6 +246,8 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         peak_flops_low_precision=tuple((name, _num(g, f"peak_{name}_tflops", source, "gpu") * TFLOPS)
                                        for name in LOW_PRECISIONS if f"peak_{name}_tflops" in g),
         low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source),
+        expert_gemm_call_s=_per_precision(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us",
+                                          maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS),
     )
     node = data.get("node")
     if not isinstance(node, dict):

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +32,16 @@ TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
 #: ratios tried (the grid's step is the fit's resolution)
 GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 
+#: expert GEMM issue time (``GPU.expert_gemm_call_s``): (profiles fitted together, precision, profiles that carry
+#: the value unfitted). The Blackwell pair shares one value: the same Megatron-Core / Transformer Engine path issues
+#: the expert GEMMs on either host; H800 does not carry H100's value: its one MoE row runs DeepSeek's own HAI-LLM,
+#: not that path; bf16 is not fitted: its only MoE rows that the value moves are GPT-OSS's, whose
+#: gap has causes the model lacks (attention sinks, biased experts, the clamped activation; README)
+CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", ()),
+                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",)))
+#: issue times tried, microseconds per expert GEMM
+CALL_GRID_US = np.arange(0.0, 400.0001, 5.0)
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -40,6 +51,8 @@ class Fit:
     rows: tuple[str, ...]
     in_sample: tuple[float, ...]  # signed errors of the fitting rows at the fitted value
     loso: dict[str, tuple[float, ...]]  # per left-out source: its rows' errors with the ratio refit without them
+    #: per left-out model family (expert-call fits): its rows' errors with the value refit without them
+    lomo: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def _with_ratio(cluster, precision: str, ratio: float):
@@ -48,9 +61,20 @@ def _with_ratio(cluster, precision: str, ratio: float):
     return replace(cluster, gpu=replace(cluster.gpu, low_precision_gemm_efficiency=tuple(sorted(ratios.items()))))
 
 
+def _with_call(cluster, precision: str, us: float):
+    calls = dict(cluster.gpu.expert_gemm_call_s)
+    calls[precision] = float(us) * 1e-6
+    return replace(cluster, gpu=replace(cluster.gpu, expert_gemm_call_s=tuple(sorted(calls.items()))))
+
+
 def _errors(runs: list[dict], cluster, precision: str, ratio: float) -> list[float]:
     c = _with_ratio(cluster, precision, ratio)
     return [evaluate_modern_run(r, cluster=c).error for r in runs]
+
+
+def _call_errors(runs: list[dict], precision: str, us: float) -> list[float]:
+    return [evaluate_modern_run(r, cluster=_with_call(load_cluster(r["cluster"]), precision, us)).error
+            for r in runs]
 
 
 def _best(runs: list[dict], cluster, precision: str) -> float:
@@ -58,18 +82,38 @@ def _best(runs: list[dict], cluster, precision: str) -> float:
     return float(GRID[int(np.argmin(scores))])
 
 
-def fitting_rows(profile: str, precision: str) -> list[dict]:
-    """The dense rows of this GPU and precision (the rows the parameter is fitted on)."""
-    from planner.validation.compare import modern_model_ref
-    from planner.specs.model import load_model
+def _best_call(runs: list[dict], precision: str) -> float:
+    scores = [statistics.mean(abs(e) for e in _call_errors(runs, precision, x)) for x in CALL_GRID_US]
+    return float(CALL_GRID_US[int(np.argmin(scores))])
 
+
+def _is_moe(run: dict) -> bool:
+    from planner.specs.model import load_model
+    from planner.validation.compare import modern_model_ref
+
+    return load_model(modern_model_ref(run)).is_moe
+
+
+def fitting_rows(profile: str, precision: str) -> list[dict]:
+    """The dense rows of this GPU and precision (the rows the GEMM-efficiency ratio is fitted on)."""
     return [r for r in load_modern_runs() if r["cluster"] == profile and r["layout"]["precision"] == precision
-            and not load_model(modern_model_ref(r)).is_moe]
+            and not _is_moe(r)]
+
+
+def call_fitting_rows(profiles: tuple[str, ...], precision: str) -> list[dict]:
+    """The MoE rows of these GPUs and precision (the rows the expert GEMM issue time is fitted on)."""
+    return [r for r in load_modern_runs() if r["cluster"] in profiles and r["layout"]["precision"] == precision
+            and _is_moe(r)]
 
 
 def source_of(run: dict) -> str:
     """The source a row comes from, for leave-one-source-out: its framework release."""
     return run["framework"].split(" (")[0]
+
+
+def family_of(run: dict) -> str:
+    """The model family of a row, for leave-one-model-out: its model file without size or release suffixes."""
+    return Path(run["model"]).stem.split("-")[0]
 
 
 def fit(profile: str, precision: str) -> Fit:
@@ -87,6 +131,25 @@ def fit(profile: str, precision: str) -> Fit:
                tuple(_errors(runs, cluster, precision, value)), loso)
 
 
+def _left_out(runs: list[dict], key, precision: str) -> dict[str, tuple[float, ...]]:
+    out = {}
+    for k in sorted({key(r) for r in runs}):
+        rest = [r for r in runs if key(r) != k]
+        if rest:
+            out[k] = tuple(_call_errors([r for r in runs if key(r) == k], precision, _best_call(rest, precision)))
+    return out
+
+
+def fit_call(profiles: tuple[str, ...], precision: str) -> Fit:
+    """The expert GEMM issue time (microseconds) of these profiles and precision, with leave-one-source-out and
+    leave-one-model-family-out errors (each left-out group scored at the value refit on the rest)."""
+    runs = call_fitting_rows(profiles, precision)
+    value = _best_call(runs, precision)
+    return Fit("+".join(profiles), precision, value, tuple(r["id"] for r in runs),
+               tuple(_call_errors(runs, precision, value)), _left_out(runs, source_of, precision),
+               _left_out(runs, family_of, precision))
+
+
 def _pct(errors) -> str:
     errors = list(errors)
     return f"mean {100 * statistics.mean(abs(e) for e in errors):.1f}%, max {100 * max(abs(e) for e in errors):.1f}%"
@@ -100,13 +163,33 @@ def write(f: Fit, carried_to: tuple[str, ...]) -> None:
                        "per GPU on these rows",
              "in_sample": _pct(f.in_sample),
              "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check"}
-    for name in (f.profile,) + carried_to:
+    _store(f, carried_to, "low_precision_gemm_efficiency", entry, "tensor cores")
+
+
+def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
+    """Store a fitted expert GEMM issue time (``gpu.expert_gemm_call_us``) in the profiles fitted together (and,
+    marked unfitted, in those that carry it)."""
+    loso_all = [e for errs in f.loso.values() for e in errs]
+    lomo_all = [e for errs in f.lomo.values() for e in errs]
+    entry = {"value": f.value, "fitted_on": list(f.rows),
+             "method": "planner/validation/fit.py: grid over [0, 400] us step 5, least mean |error| of tokens/s per "
+                       "GPU on these rows (the MoE rows of " + ", ".join(f.profile.split("+")) + " in this precision, all run "
+                       "with Megatron-Core and Transformer Engine's grouped GEMM)",
+             "in_sample": _pct(f.in_sample),
+             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
+             "leave_one_model_family_out": _pct(lomo_all) if lomo_all else "one model family only: no left-out check"}
+    _store(f, carried_to, "expert_gemm_call_us", entry, "host software path (Megatron-Core, Transformer Engine)")
+
+
+def _store(f: Fit, carried_to: tuple[str, ...], section: str, entry: dict, shared: str) -> None:
+    fitted = tuple(f.profile.split("+"))
+    for name in fitted + carried_to:
         path = hardware_profiles_dir() / f"{name}.json"
         data = json.loads(path.read_text())
-        e = dict(entry) if name == f.profile else {
+        e = dict(entry) if name in fitted else {
             "value": f.value, "carried_from": f.profile,
-            "why": f"same die and tensor cores as {f.profile}; not fitted on this GPU's runs"}
-        data["gpu"].setdefault("low_precision_gemm_efficiency", {})[f.precision] = e
+            "why": f"same die and {shared} as {f.profile}; not fitted on this GPU's runs"}
+        data["gpu"].setdefault(section, {})[f.precision] = e
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -123,6 +206,16 @@ def main() -> None:
             print(f"  left out {src}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
         if args.write:
             write(f, carried)
+    for profiles, precision, carried in CALL_TARGETS:
+        f = fit_call(profiles, precision)
+        print(f"{f.profile} {precision}: expert GEMM issue time {f.value:.0f} us on {len(f.rows)} rows "
+              f"({', '.join(f.rows)})")
+        print(f"  in-sample: {_pct(f.in_sample)}")
+        for kind, groups in (("source", f.loso), ("model family", f.lomo)):
+            for key, errs in groups.items():
+                print(f"  left out {kind} {key}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
+        if args.write:
+            write_call(f, carried)
 
 
 if __name__ == "__main__":
