@@ -11,6 +11,14 @@ moves (Rajbhandari et al. 2020, Sec. 5; Megatron's distributed optimizer):
 * stage 3: per micro-batch, the weights gathered for forward and again for backward, and the gradients
   reduce-scattered; schedules that run each chunk's micro-batches back to back (breadth-first) gather once per step
   (Lamy-Poirier 2022, "Breadth-First Pipeline Parallelism", Sec. 4).
+
+ZeRO-3 as the stacks run it (PyTorch FSDP, Zhao et al. 2023, "PyTorch FSDP", Sec. 3.3-3.4; torchtitan's
+``fully_shard`` per transformer block; Megatron-FSDP and DeepSpeed ZeRO-3 likewise per module): the unit is a
+decoder layer. Each unit's weights are all-gathered just before its forward, the next unit's gather prefetched
+under this unit's compute; backward re-gathers each unit (but the last one of forward, which stays gathered) and
+reduce-scatters its gradients, again one unit ahead / behind its compute. So each collective is a layer's worth of
+bytes, paying the collective's latency once per layer, and the first gather and the last reduce-scatter of every
+pass have no compute to hide under.
 """
 
 from __future__ import annotations
@@ -58,30 +66,52 @@ class DPCollectives:
     """One GPU's data-parallel collectives for the parameters it holds (dense and expert groups added up)."""
 
     all_reduce_s: float | np.ndarray  # the gradients, all-reduced (ZeRO-0)
-    reduce_scatter_s: float | np.ndarray  # the gradients, reduce-scattered (ZeRO-1/2/3)
-    all_gather_s: float | np.ndarray  # the bf16 weights, all-gathered (ZeRO-1/2 after the step, ZeRO-3 per use)
+    reduce_scatter_s: float | np.ndarray  # the gradients, reduce-scattered (ZeRO-1/2, one bucketed pass)
+    all_gather_s: float | np.ndarray  # the bf16 weights, all-gathered (ZeRO-1/2, after the step)
+    unit_all_gather_s: float | np.ndarray = 0.0  # ZeRO-3: one unit's (layer's) weights, all-gathered
+    unit_reduce_scatter_s: float | np.ndarray = 0.0  # ZeRO-3: one unit's gradients, reduce-scattered
+    units: float | np.ndarray = 1.0  # ZeRO-3 units (layers) on the GPU
 
     @property
     def zero3_per_gather_s(self):
-        """ZeRO-3 traffic of one forward + backward of the GPU's weights: gathered twice, gradients scattered once."""
-        return 2 * self.all_gather_s + self.reduce_scatter_s
+        """ZeRO-3 traffic of one forward + backward of the GPU's weights, unit by unit: every unit gathered for
+        forward, all but the last gathered again for backward, every unit's gradients reduce-scattered."""
+        return (2 * self.units - 1) * self.unit_all_gather_s + self.units * self.unit_reduce_scatter_s
 
 
 def dp_collectives(cluster: Cluster, dense_group: comm.GroupPlacement, expert_group: comm.GroupPlacement,
-                   dense_params, expert_params, grad_reduce_bytes) -> DPCollectives:
+                   dense_params, expert_params, grad_reduce_bytes, units=1.0) -> DPCollectives:
     """NCCL collectives (``planner.cost.comm``) over the dense and expert DP groups for the given parameters, added
-    up; the gradients travel at ``grad_reduce_bytes`` per element, the weights in bf16. Per group, the two buffers
-    (gradients, weights) go through one reduce-scatter evaluation along a leading axis (the all-gather is the same
-    ring); the all-reduce is NCCL's fastest algorithm (``comm.all_reduce_s``: ring, tree or NVLink SHARP)."""
+    up; the gradients travel at ``grad_reduce_bytes`` per element, the weights in bf16. Per group, the buffers
+    (gradients, weights; whole, and one of ``units`` equal ZeRO-3 units) go through one reduce-scatter evaluation
+    along a leading axis (the all-gather is the same ring); the all-reduce is NCCL's fastest algorithm
+    (``comm.all_reduce_s``: ring, tree or NVLink SHARP)."""
+    units = np.maximum(np.asarray(units, dtype=float), 1.0)
+
     def per_group(group: comm.GroupPlacement, params):
-        buffers = np.stack(np.broadcast_arrays(params * grad_reduce_bytes, params * WEIGHT_BYTES))
+        whole_grad, whole_weight = params * grad_reduce_bytes, params * WEIGHT_BYTES
+        buffers = np.stack(np.broadcast_arrays(whole_grad, whole_weight, whole_grad / units, whole_weight / units))
         return comm.reduce_scatter_s(cluster, group, buffers)
 
-    rs_dense, ag_dense = per_group(dense_group, dense_params)
-    rs_expert, ag_expert = per_group(expert_group, expert_params)
+    rs_dense, ag_dense, urs_dense, uag_dense = per_group(dense_group, dense_params)
+    rs_expert, ag_expert, urs_expert, uag_expert = per_group(expert_group, expert_params)
     ar = comm.all_reduce_s(cluster, dense_group, dense_params * grad_reduce_bytes) + \
         comm.all_reduce_s(cluster, expert_group, expert_params * grad_reduce_bytes)
-    return DPCollectives(all_reduce_s=ar, reduce_scatter_s=rs_dense + rs_expert, all_gather_s=ag_dense + ag_expert)
+    return DPCollectives(all_reduce_s=ar, reduce_scatter_s=rs_dense + rs_expert, all_gather_s=ag_dense + ag_expert,
+                         unit_all_gather_s=uag_dense + uag_expert, unit_reduce_scatter_s=urs_dense + urs_expert,
+                         units=units)
+
+
+def zero3_exposed_per_microbatch_s(c: DPCollectives, fwd_s, bwd_s, interference: float):
+    """ZeRO-3 time one micro-batch leaves exposed, unit by unit (the module docstring): the first gather of forward
+    and the last reduce-scatter of backward in full; the other units' gathers under the previous unit's forward
+    (the n - 1 of them against (n - 1)/n of ``fwd_s``), their re-gathers and reduce-scatters under the neighbouring
+    units' backward (``bwd_s``, recomputation included)."""
+    n = c.units
+    ag, rs = c.unit_all_gather_s, c.unit_reduce_scatter_s
+    rest = (n - 1) / n
+    return ag + rs + exposed_s((n - 1) * ag, rest * fwd_s, interference) + \
+        exposed_s((n - 1) * (ag + rs), rest * bwd_s, interference)
 
 
 def dp_exposed_s(c: DPCollectives, zero_stage, fwd_s, bwd_s, recompute_s, num_microbatches, gathers_once_per_step,
@@ -91,13 +121,15 @@ def dp_exposed_s(c: DPCollectives, zero_stage, fwd_s, bwd_s, recompute_s, num_mi
 
     ZeRO-0/1/2 (Megatron DDP / distributed optimizer): the gradient collective overlaps the last micro-batch's
     backward when ``overlap_grad_reduce``, the weight all-gather the first forward when ``overlap_param_gather``;
-    otherwise each is fully exposed. ZeRO-3: the per-micro-batch gathers and scatter overlap that micro-batch's
-    compute, m times per step, or once per step over all m micro-batches when the schedule gathers once per step.
+    otherwise each is fully exposed. ZeRO-3: unit by unit (:func:`zero3_exposed_per_microbatch_s`) in every
+    micro-batch, or once per step when the schedule gathers once per step, then the first unit's gather and the
+    last unit's reduce-scatter stick out and the rest hides under all m micro-batches' compute.
     """
     zero = np.asarray(zero_stage)
     t_mb = fwd_s + bwd_s + recompute_s
-    z3_once = exposed_s(c.zero3_per_gather_s, num_microbatches * t_mb, interference)
-    z3_each = num_microbatches * exposed_s(c.zero3_per_gather_s, t_mb, interference)
+    edges = c.unit_all_gather_s + c.unit_reduce_scatter_s
+    z3_once = edges + exposed_s(c.zero3_per_gather_s - edges, num_microbatches * t_mb, interference)
+    z3_each = num_microbatches * zero3_exposed_per_microbatch_s(c, fwd_s, bwd_s + recompute_s, interference)
     z3 = np.where(gathers_once_per_step, z3_once, z3_each)
     grads = np.where(zero == 0, c.all_reduce_s, c.reduce_scatter_s)
     gather = np.where(zero == 0, 0.0, c.all_gather_s)

@@ -408,7 +408,8 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     * ZeRO-0 (all-reduce of the gradients) and ZeRO-1/2 (reduce-scatter of the gradients + all-gather of the
       weights), windows within one micro-batch: step >= P + c - (1 - i) t >= (1 - (1 - i)/m) P + c (and more
       where the overlap is off);
-    * ZeRO-3, gathers and reduce-scatter per micro-batch: step >= P + m (c - (1 - i) t) >= i P + m c;
+    * ZeRO-3 (c its unit-by-unit traffic, ``DPCollectives.zero3_per_gather_s``; every unit's exposure is at least
+      its traffic less (1 - i) x its window), per micro-batch: step >= P + m (c - (1 - i) t) >= i P + m c;
       gathered once per step (breadth-first schedules): step >= P + c - (1 - i) m t >= i P + c.
 
     Rank 0's own windows (its exact ``rank_times``) give a second floor, ``data_parallel.dp_exposed_s`` with its
@@ -426,11 +427,11 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     coll = np.zeros((n, 4))
     updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage
     rank0 = None
-    for n_l, nm, extra, _, _, _ in _end_ranks(space, t, g):
+    for n_l, nm, extra, _, _, _ in _end_ranks(space, t, g):  # n_l: the rank's layers, its ZeRO-3 units
         dense, expert = _local_params(t, g, n_l, nm, extra)
         per_stage = [zero_sharded_params(dense, expert, z, dp_shard, edp_shard, "optimizer") for z in range(4)]
         updated = np.maximum(updated, np.stack(per_stage, axis=1))
-        c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes)
+        c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes, n_l)
         z3 = np.where(once, c.zero3_per_gather_s, m * c.zero3_per_gather_s)
         coll = np.maximum(coll, np.stack([c.all_reduce_s, c.reduce_scatter_s + c.all_gather_s,
                                           c.reduce_scatter_s + c.all_gather_s, z3], axis=1))
