@@ -71,8 +71,17 @@ TIMING_KEYS = ("time_s", "cpu_s", "candidates_per_s")
 def plan_dict(model: ModelSpec, cluster_name: str, cfg: RunConfig, est: Estimate, *, alternatives=(),
               search: dict | None = None, with_stages: bool = True, with_model: bool = True,
               timings: bool = False) -> dict[str, Any]:
-    d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "model": model.name, "cluster": cluster_name}
+    from planner import __version__
+    from planner.cost.memory import active_params, total_params
+
+    d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "planner_version": __version__, "model": model.name,
+                         "cluster": cluster_name,
+                         "model_params": {"total": total_params(model, cfg.seq_len),
+                                          "active": active_params(model, cfg.seq_len)}}
     d.update(config_fields(model, cfg))
+    warnings = request_warnings(model, cfg)
+    if warnings:
+        d["warnings"] = warnings
     d["estimate"] = est.to_dict(with_stages=with_stages)
     if with_model:
         d["model_spec"] = asdict(model)
@@ -81,6 +90,16 @@ def plan_dict(model: ModelSpec, cluster_name: str, cfg: RunConfig, est: Estimate
     if search is not None:
         d["search"] = {k: v for k, v in search.items() if timings or k not in TIMING_KEYS}
     return d
+
+
+def request_warnings(model: ModelSpec, cfg: RunConfig) -> list[str]:
+    """What a user should know about a request the planner still answers: a sequence longer than the model's
+    trained context (its positions must be extended, e.g. RoPE scaling, which the cost model does not price)."""
+    out = []
+    if cfg.seq_len > model.max_seq_len:
+        out.append(f"sequence length {cfg.seq_len} exceeds the model's maximum of {model.max_seq_len} positions "
+                   f"(max_position_embeddings): the estimate assumes they are extended (e.g. RoPE scaling)")
+    return out
 
 
 def dumps(d: dict[str, Any]) -> str:

@@ -76,19 +76,23 @@ def _resolve(model: Any, cluster: Any):
 
 
 def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,
-                   launcher: str | None = None, precision: str = "bf16", stack: str | None = None, **kw):
+                   launcher: str | None = None, precision: str = "bf16", stack: str | None = None,
+                   constraints: Any = None, **kw):
     """The full search, or with ``launcher`` / ``stack`` (a stack name or file) the best plan that launcher / stack
-    can run, at GEMM ``precision``."""
+    can run, at GEMM ``precision``, within ``constraints`` (``planner.search.space.Constraints``) if given."""
     if launcher is not None or stack is not None:
         from planner.export import plan_for_launcher
         from planner.specs.stack import load_stack
         run_stack = load_stack(stack) if stack is not None else None
         return plan_for_launcher(model, cluster, num_gpus, global_batch_size, seq_len,
-                                 launcher or run_stack.launcher, precision=precision, stack=run_stack, **kw)
+                                 launcher or run_stack.launcher, precision=precision, stack=run_stack,
+                                 constraints=constraints, **kw)
     from planner.search import search_plans
     from planner.search.space import SearchSpace
-    return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, space=SearchSpace(precision=precision),
-                        **kw)
+    space = SearchSpace(precision=precision)
+    if constraints is not None:
+        space = constraints.narrow([space], "the search")[0]
+    return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, space=space, **kw)
 
 
 def plan_row(plan: Any) -> dict[str, Any]:
@@ -133,8 +137,9 @@ def scenarios(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, se
 
 def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 0,
           objective: str = "time", max_memory_gib: float | None = None, launcher: str | None = None,
-          precision: str = "bf16", stack: str | None = None, processes: int | None = None, progress: bool | Callable[[int, int], None] = False,
-          search: Callable[..., Any] | None = None) -> "Any":
+          precision: str = "bf16", stack: str | None = None, processes: int | None = None,
+          progress: bool | Callable[[int, int], None] = False, search: Callable[..., Any] | None = None,
+          constraints: Any = None) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
     Each input is one value or a list: ``models`` shipped names / config.json paths / ``ModelSpec``s, ``clusters``
@@ -145,7 +150,8 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     worker processes (default: all cores once there are at least ``PARALLEL_MIN_SCENARIOS`` scenarios; 1 runs
     in-process). ``progress``: True for a rich progress bar, or a callback ``(done, total)``. ``top_k``: runner-up
     plans each search keeps (the row reports the best; 0 is fastest). ``search``: the search function (default
-    ``planner.search.search_plans``; a replacement must be picklable to run in workers).
+    ``planner.search.search_plans``; a replacement must be picklable to run in workers). ``constraints``: a
+    ``planner.search.space.Constraints`` every search keeps to (``planner sweep --tp 8 --schedules 1f1b``).
     """
     import pandas as pd
 
@@ -161,13 +167,21 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     if max_memory_gib is not None:
         search_kw["max_memory_gib"] = max_memory_gib
     # options that shape the default search's space: checked once here, not in every row
-    restricting = {"precision": precision if precision != "bf16" else None, "stack": stack, "launcher": launcher}
+    restricting = {"precision": precision if precision != "bf16" else None, "stack": stack, "launcher": launcher,
+                   "constraints": constraints}
     if stack is not None:
         from planner.specs.stack import load_stack
         load_stack(stack)
     if launcher is not None:
         from planner.export import launcher_spaces
         launcher_spaces(launcher)
+    if constraints is not None:  # a set that leaves the stack or launcher nothing fails once, here
+        from planner.export.spaces import launcher_spaces as l_spaces, stack_spaces
+        from planner.search.space import SearchSpace
+        from planner.specs.stack import load_stack as l_stack
+        spaces = (stack_spaces(l_stack(stack), launcher, precision) if stack is not None else
+                  l_spaces(launcher, precision=precision) if launcher is not None else [SearchSpace(precision=precision)])
+        constraints.narrow(spaces, f"stack {stack}" if stack is not None else launcher or "the search")
     for name, value in restricting.items():
         if value is None:
             continue

@@ -41,8 +41,9 @@ def test_explain_prints_stage_tables_and_chart(plan, tmp_path):
     assert "pipeline bubble" in out and "█" in out
     # one row per pipeline rank in the time table: rank, then its layers (80 layers / 4 stages)
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
-    time_rows = [r for r in rows if len(r) == 13]
+    time_rows = [r for r in rows if len(r) == 7 and r[1] == "20"]  # rank, layers, fwd, bwd, bwd W, recomp, per mb
     assert [r[:2] for r in time_rows] == [[str(i), "20"] for i in range(4)]
+    assert "Exposed communication per pipeline rank" in out
     memory_rows = [r for r in rows if len(r) == 9]
     assert [r[0] for r in memory_rows] == ["0", "1", "2", "3"]
     stages = plan["estimate"]["stages"]

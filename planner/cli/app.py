@@ -22,13 +22,24 @@ app = typer.Typer(
 state = {"debug": False}
 
 
+def _version(value: bool) -> None:
+    if value:
+        from planner import __version__
+        typer.echo(f"planner {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks on errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks on errors."),
+          version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the planner's version and exit.")) -> None:
     state["debug"] = debug
 
 
 def console() -> Console:
-    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    """The terminal's width; 160 columns when stdout is not a terminal, unless COLUMNS says otherwise."""
+    import os
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 
 def err(message: str) -> None:
@@ -49,6 +60,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if state["debug"]:
                 traceback.print_exc()
             err(f"error: {e}")
+            if kwargs.get("json_out"):  # --json: the same error as one object on stdout, for scripts
+                typer.echo(json_error(e))
             raise typer.Exit(e.exit_code)
         except KeyboardInterrupt:
             err("interrupted")
@@ -62,6 +75,20 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def json_error(e: PlannerError) -> str:
+    """A PlannerError as the JSON object ``--json`` prints: ``feasible`` false for a well-formed request nothing
+    satisfies (exit 1), the message, where (option or file, field) and the fix."""
+    import json
+
+    from planner.errors import InfeasibleError
+
+    body = {"message": e.reason, "source": e.source, "field": e.field, "fix": e.fix, "exit_code": e.exit_code}
+    out: dict[str, Any] = {"error": body}
+    if isinstance(e, InfeasibleError):
+        out = {"feasible": False, **out}
+    return json.dumps(out)
+
+
 def choice(value: str, allowed: tuple[str, ...] | list[str], option: str) -> str:
     if value not in allowed:
         raise PlannerError(f"unknown value {value!r}", source=option, fix=f"use one of: {', '.join(allowed)}")
@@ -71,3 +98,66 @@ def choice(value: str, allowed: tuple[str, ...] | list[str], option: str) -> str
 def positive(value: int | float, option: str) -> None:
     if value is None or value < 1:
         raise PlannerError(f"must be >= 1, got {value}", source=option)
+
+
+def int_set(value: str | None, option: str, minimum: int = 1) -> tuple[int, ...] | None:
+    """A search constraint given as one integer or a comma list (``--tp 8``, ``--pp 4,8``); None when not given."""
+    if value is None:
+        return None
+    out = []
+    for v in (x.strip() for x in value.split(",")):
+        try:
+            n = int(v)
+        except ValueError:
+            raise PlannerError(f"not an integer: '{v}'", source=option, fix="one value or a comma list, e.g. 4,8")
+        if n < minimum:
+            raise PlannerError(f"must be >= {minimum}, got {n}", source=option)
+        out.append(n)
+    return tuple(sorted(set(out)))
+
+
+def name_set(value: str | None, allowed: tuple[str, ...] | list[str], option: str) -> tuple[str, ...] | None:
+    """A comma list of names, each one of ``allowed``; None when not given."""
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(x.strip() for x in value.split(",")))
+    for name in names:
+        choice(name, allowed, option)
+    return names
+
+
+def search_constraints(tp: str | None, pp: str | None, cp: str | None, ep: str | None, vpp: str | None,
+                       micro_batch: str | None, schedules: str | None, zero: str | None,
+                       recompute: str | None):
+    """``planner.search.space.Constraints`` from the CLI's constraint options, or None when none is given."""
+    from planner.cost.schedule import SCHEDULES
+    from planner.search.space import Constraints
+    from planner.specs.config import RECOMPUTE_MODES, ZERO_STAGES
+
+    zeros = int_set(zero, "--zero", minimum=0)
+    if zeros is not None and not set(zeros) <= set(ZERO_STAGES):
+        raise PlannerError(f"unknown ZeRO stage in '{zero}'", source="--zero",
+                           fix=f"use stages of: {', '.join(map(str, ZERO_STAGES))}")
+    c = Constraints(tp=int_set(tp, "--tp"), pp=int_set(pp, "--pp"), cp=int_set(cp, "--cp"), ep=int_set(ep, "--ep"),
+                    vpp=int_set(vpp, "--vpp"), micro_batch=int_set(micro_batch, "--micro-batch"),
+                    schedules=name_set(schedules, tuple(SCHEDULES), "--schedules"), zero=zeros,
+                    recompute=name_set(recompute, RECOMPUTE_MODES, "--recompute"))
+    return c if c.describe() else None
+
+
+#: help texts of the search constraints (``plan`` and ``sweep``, which take them as ``CONSTRAINT_OPTIONS``)
+CONSTRAINT_HELP = {
+    "tp": "Allowed TP degrees: one value or a comma list (default: every valid one)",
+    "pp": "Allowed PP degrees (value or comma list)",
+    "cp": "Allowed CP degrees (value or comma list)",
+    "ep": "Allowed EP degrees (value or comma list)",
+    "vpp": "Allowed virtual stages per pipeline rank (value or comma list; 1 = none)",
+    "micro_batch": "Allowed micro-batch sizes (value or comma list)",
+    "schedules": "Allowed pipeline schedules, comma list (`planner list schedules`)",
+    "zero": "Allowed ZeRO stages, comma list of 0-3",
+    "recompute": "Allowed recomputation modes, comma list of none, selective, full",
+}
+
+#: the search constraints as typer options, shared by ``plan`` and ``sweep`` (parameter name -> option)
+CONSTRAINT_OPTIONS = {name: typer.Option(None, "--" + name.replace("_", "-"), help=text)
+                      for name, text in CONSTRAINT_HELP.items()}

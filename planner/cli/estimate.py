@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from planner.cli.app import app, choice, console, handle_errors
-from planner.cli.render import print_estimate
+from planner.cli.app import app, choice, console, err, handle_errors
+from planner.cli.render import model_label, print_estimate
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
-from planner.plan import dumps, plan_dict
+from planner.plan import dumps, plan_dict, request_warnings
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, RECOMPUTE_MODULES,
                                    RunConfig, canonical_recompute_modules, parse_megatron_layout)
 from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
@@ -96,6 +96,8 @@ def estimate(
     grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
+    require_fit: bool = typer.Option(False, "--require-fit", help="Exit 1 when the configuration does not fit in "
+                                                                  "memory (the estimate is still printed)"),
 ) -> None:
     """Estimate step time, throughput, MFU and per-stage memory of one configuration (DP = gpus / (tp*pp*cp))."""
     choice(recompute, RECOMPUTE_MODES, "--recompute")
@@ -125,9 +127,15 @@ def estimate(
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))
     est = estimate_config(spec, hw, cfg)
     accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe).to_dict()
+    for warning in request_warnings(spec, cfg):
+        err(f"warning: {warning}")
     if json_out:
         typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name, "accuracy": accuracy}),
                    nl=False)
-        return
-    print_estimate(console(), est, cfg, f"{spec.name} on {gpus} x {hw.gpu.name} ({hw.name}), stack {run_stack.name}",
-                   accuracy)
+    else:
+        print_estimate(console(), est, cfg, f"{model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), "
+                                            f"stack {run_stack.name}", accuracy)
+    if require_fit and not est.fits:
+        err(f"error: --require-fit: does not fit: peak {est.peak_memory_gib:.1f} GiB per GPU of "
+            f"{est.memory_limit_bytes / 2**30:.1f} GiB usable (try more recomputation, ZeRO or more GPUs)")
+        raise typer.Exit(1)

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.cli.app import app, console, err, handle_errors
-from planner.cli.render import TIME_LABELS, config_line, summary_table
+from planner.cli.render import TIME_LABELS, add_columns, config_line, summary_table
 from planner.cost.step import estimate
 from planner.errors import PlannerError
 from planner.plan import config_from_dict, model_from_plan_dict
@@ -62,9 +62,7 @@ def time_components(est: dict[str, Any]) -> list[tuple[str, str, float]]:
 def time_chart(est: dict[str, Any], width: int) -> Table:
     step = est["step_time_s"]
     t = Table(title=f"Where the step time goes ({step:.3f} s per step)", show_edge=False, box=None)
-    t.add_column("component")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
+    add_columns(t, ("component", "seconds", "share"), text=("component",))
     t.add_column("")
     for key, label, s in time_components(est):
         t.add_row(label, f"{s:.3f}", f"{100 * s / step:.1f}%", Text(bar(abs(s) / step, width), style=COLORS[key]))
@@ -72,29 +70,37 @@ def time_chart(est: dict[str, Any], width: int) -> Table:
 
 
 def stage_time_table(est: dict[str, Any], cfg: RunConfig) -> Table:
-    """Per pipeline rank: per-micro-batch times, busy time per step and idle time (bubble + waiting)."""
+    """Per pipeline rank: per-micro-batch compute times (the communication and idle time: ``stage_comm_table``)."""
     m = cfg.num_microbatches
-    pipe_s = est["step_time_s"] - est["breakdown"].get("dp_comm_s", 0.0) - est["breakdown"].get("optimizer_s", 0.0)
     t = Table(title=f"Time per pipeline rank (ms per micro-batch; {m} micro-batches per step)")
-    for col in ("rank", "layers", "fwd", "bwd", "bwd W", "recomp", "TP comm", "CP comm", "EP comm", "PP comm",
-                "per mb", "busy s/step", "idle s/step"):
-        t.add_column(col, justify="right")
+    add_columns(t, ("rank", "layers", "fwd", "bwd", "bwd W", "recomp", "per mb"), text=("layers",))
     busiest = max(s["fwd_s"] + s["bwd_s"] + s["recompute_s"] for s in est["stages"])
     for s in est["stages"]:
         per_mb = s["fwd_s"] + s["bwd_s"] + s["recompute_s"]
-        style = "bold" if per_mb == busiest else ""
         t.add_row(str(s["rank"]), "+".join(map(str, s["layers"])),
-                  *(f"{1e3 * s[k]:.1f}" for k in ("fwd_s", "bwd_s", "bwd_weight_s", "recompute_s", "tp_comm_s",
-                                                  "cp_comm_s", "ep_comm_s", "pp_comm_s")),
-                  f"{1e3 * per_mb:.1f}", f"{m * per_mb:.3f}", f"{max(0.0, pipe_s - m * per_mb):.3f}", style=style)
+                  *(f"{1e3 * s[k]:.1f}" for k in ("fwd_s", "bwd_s", "bwd_weight_s", "recompute_s")),
+                  f"{1e3 * per_mb:.1f}", style="bold" if per_mb == busiest else "")
+    return t
+
+
+def stage_comm_table(est: dict[str, Any], cfg: RunConfig) -> Table:
+    """Per pipeline rank: exposed communication per micro-batch, busy time per step and idle time (bubble and
+    waiting)."""
+    m = cfg.num_microbatches
+    pipe_s = est["step_time_s"] - est["breakdown"].get("dp_comm_s", 0.0) - est["breakdown"].get("optimizer_s", 0.0)
+    t = Table(title="Exposed communication per pipeline rank (ms per micro-batch) and its time per step (s)")
+    add_columns(t, ("rank", "TP comm", "CP comm", "EP comm", "PP comm", "busy s/step", "idle s/step"))
+    for s in est["stages"]:
+        per_mb = s["fwd_s"] + s["bwd_s"] + s["recompute_s"]
+        t.add_row(str(s["rank"]), *(f"{1e3 * s[k]:.1f}" for k in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s")),
+                  f"{m * per_mb:.3f}", f"{max(0.0, pipe_s - m * per_mb):.3f}")
     return t
 
 
 def stage_memory_table(est: dict[str, Any]) -> Table:
     limit = est["memory_limit_gib"]
     t = Table(title=f"Peak memory per pipeline rank (GiB; {limit:.1f} GiB usable per GPU)")
-    for col in ("rank", "in-flight mb", *MEMORY_PARTS, "peak", "headroom"):
-        t.add_column(col, justify="right")
+    add_columns(t, ("rank", "in-flight mb", "weights", "grads", "optim", "activ.", "work space", "peak", "free"))
     for s in est["stages"]:
         mem = s["memory_gib"]
         peak = s["peak_memory_gib"]
@@ -123,9 +129,9 @@ def memory_chart(est: dict[str, Any], width: int) -> Table:
     limit = est["memory_limit_gib"]
     legend = "  ".join(f"[{MEMORY_COLORS[p]}]█[/] {p}" for p in MEMORY_PARTS)
     t = Table(title=f"Memory per rank ('|' = {limit:.1f} GiB usable)", caption=legend, show_edge=False, box=None)
-    t.add_column("rank", justify="right")
+    add_columns(t, ("rank",))
     t.add_column("")
-    t.add_column("peak GiB", justify="right")
+    add_columns(t, ("peak GiB",))
     for s in est["stages"]:
         chart = stacked_bar([(s["memory_gib"].get(p, 0.0), MEMORY_COLORS[p]) for p in MEMORY_PARTS], limit, width)
         chart.append(" " * max(0, width - chart.cell_len) + "|")
@@ -166,6 +172,7 @@ def print_explanation(con: Console, d: dict[str, Any], est: dict[str, Any], orig
     con.print(summary_table(est))
     con.print(time_chart(est, width))
     con.print(stage_time_table(est, cfg))
+    con.print(stage_comm_table(est, cfg))
     con.print(stage_memory_table(est))
     con.print(memory_chart(est, width))
 

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from planner.cli.app import app, choice, console, handle_errors
+from planner.cli.render import add_columns
 from planner.cost.memory import total_params
 from planner.cost.schedule import SCHEDULES
 from planner.errors import PlannerError
@@ -93,10 +94,9 @@ def stack_rows() -> list[dict[str, Any]]:
 ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_rows, "stacks": stack_rows}
 #: column key -> (header, format)
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
-    "models": [("name", "name", "{}"), ("model_type", "type", "{}"), ("params_b", "params (B)", "{:.1f}"),
-               ("layers", "layers", "{}"), ("hidden_size", "hidden", "{}"), ("heads", "heads", "{}"),
-               ("kv_heads", "KV heads", "{}"), ("vocab_size", "vocab", "{}"), ("max_seq_len", "max seq", "{}"),
-               ("experts", "experts", "{}")],
+    "models": [("name", "name", "{}"), ("params_b", "params (B)", "{:.1f}"), ("layers", "layers", "{}"),
+               ("hidden_size", "hidden", "{}"), ("heads", "heads", "{}"), ("kv_heads", "KV heads", "{}"),
+               ("vocab_size", "vocab", "{}"), ("max_seq_len", "max seq", "{}"), ("experts", "experts", "{}")],
     "clusters": [("name", "name", "{}"), ("gpu", "GPU", "{}"), ("bf16_tflops", "bf16 TFLOP/s", "{:.0f}"),
                  ("hbm_gib", "HBM GiB", "{:.1f}"), ("gpus_per_node", "GPUs/node", "{}"),
                  ("intra_node_gb_s", "intra-node GB/s", "{:.0f}"), ("inter_node_gb_s", "inter-node GB/s per GPU",
@@ -124,10 +124,9 @@ def list_(
         return
     t = Table(title=f"Shipped {what}")
     cols = COLUMNS[what]
-    for _, header, _ in cols:
-        t.add_column(header, justify="left" if header in ("name", "type", "GPU", "description", "launchers",
-                                                          "launcher", "options", "schedules", "ZeRO", "CP")
-                     else "right")
+    add_columns(t, [header for _, header, _ in cols],
+                text=("name", "type", "GPU", "description", "launchers", "launcher", "options", "schedules", "ZeRO",
+                      "CP", "experts", "virtual stages", "MoE all-to-all overlap"))
     for row in rows:
         if "error" in row:
             t.add_row(row["name"], f"[red]{row['error']}[/]", *([""] * (len(cols) - 2)))

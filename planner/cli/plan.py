@@ -8,11 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli.app import app, choice, console, handle_errors
-from planner.cli.render import print_estimate
+from planner.cli.app import CONSTRAINT_OPTIONS, app, choice, console, err, handle_errors, search_constraints
+from planner.cli.render import add_columns, layout_label, model_label, print_estimate, recipe_label
 from planner.cli.estimate import parse_recompute_modules
 from planner.errors import PlannerError
-from planner.plan import Plan, dumps, search_plans
+from planner.plan import Plan, dumps, request_warnings, search_plans
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, PRECISIONS
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
@@ -31,23 +31,14 @@ _WHY_GROUPS = {
 
 def plans_table(plan: Plan, objective: str) -> Table:
     t = Table(title=f"Top plans by {'step time' if objective == 'time' else 'peak memory'}",
-              caption="CP kind: r ring, u ulysses; mb x m: micro-batch size x micro-batches; recompute full k: "
+              caption="layout: degrees > 1, CP kind r ring / u ulysses, mb size x micro-batches; recompute full k: "
                       "k layers per stage")
-    for col in ("#", "TP", "PP", "DP", "CP", "EP", "VPP", "mb x m", "schedule", "recompute", "ZeRO", "SP",
-                "step s", "tok/s", "MFU", "GiB"):
-        t.add_column(col, justify="left" if col in ("schedule", "recompute") else "right", no_wrap=True)
+    add_columns(t, ("#", "layout", "schedule, recompute, ZeRO", "step s", "tok/s", "MFU", "GiB"),
+                text=("layout", "schedule, recompute, ZeRO"))
     for i, p in enumerate((plan,) + plan.alternatives, start=1):
         c, e = p.config, p.estimate
-        rec = c.recompute
-        if c.recompute_layers_per_stage is not None:
-            rec += " " + ",".join(map(str, c.recompute_layers_per_stage))
-        elif c.recompute == "full" and c.recompute_num_layers:
-            rec += f" {c.recompute_num_layers}"
-        cp = f"{c.cp}{c.cp_kind[0]}" if c.cp > 1 else "1"
-        t.add_row(str(i), str(c.tp), str(c.pp), str(c.dp), cp, str(c.ep), str(c.vpp),
-                  f"{c.micro_batch_size} x {c.num_microbatches}", c.schedule, rec, str(c.zero_stage),
-                  "yes" if c.sequence_parallel and c.tp > 1 else "no", f"{e.step_time_s:.3f}",
-                  f"{e.tokens_per_s:,.0f}", f"{100 * e.mfu:.1f}%", f"{e.peak_memory_gib:.1f}")
+        t.add_row(str(i), layout_label(c), recipe_label(c), f"{e.step_time_s:.3f}", f"{e.tokens_per_s:,.0f}",
+                  f"{100 * e.mfu:.1f}%", f"{e.peak_memory_gib:.1f}")
     return t
 
 
@@ -146,6 +137,10 @@ def plan(
     stack: str = typer.Option(None, "--stack", help=f"Training stack: search exactly what it runs, with its runtime "
                                                     f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
+    tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
+    ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"],
+    micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
+    zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
 ) -> None:
     """Find the fastest (or smallest) configuration: every valid TP, PP, DP, CP, EP, virtual stages, micro-batch,
     schedule, recomputation, SP and ZeRO stage, searched exhaustively with provable pruning."""
@@ -157,6 +152,7 @@ def plan(
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
     modules = parse_recompute_modules(recompute_modules)
+    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute)
     if emit is not None:
         from planner.export import TARGETS
         if emit not in TARGETS:
@@ -172,13 +168,17 @@ def plan(
         result = plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
                                    max_memory_gib=max_memory_gib, refine_partition=not no_partition,
                                    option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
-                                   recompute_modules=modules)
+                                   recompute_modules=modules, constraints=constraints)
     else:
         from planner.search.space import SearchSpace
 
+        space = SearchSpace(precision=precision, recompute_modules=modules)
+        if constraints is not None:
+            space = constraints.narrow([space], "the search")[0]
         result = search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
-                              max_memory_gib=max_memory_gib, refine_partition=not no_partition,
-                              space=SearchSpace(precision=precision, recompute_modules=modules))
+                              max_memory_gib=max_memory_gib, refine_partition=not no_partition, space=space)
+    for warning in request_warnings(spec, result.config):
+        err(f"warning: {warning}")
     if emit is not None:
         from planner.cli.export import write_export
 
@@ -194,7 +194,7 @@ def plan(
         return  # the launcher config went to stdout
     limit = f", at most {max_memory_gib:g} GiB per GPU" if max_memory_gib is not None else ""
     print_plan(console(), result, objective,
-               f"Best plan: {spec.name} on {gpus} x {hw.gpu.name} ({hw.name}), global batch {global_batch}, "
+               f"Best plan: {model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), global batch {global_batch}, "
                f"sequence {seq_len}{limit}, stack {stack_name}", accuracy)
 
 

@@ -24,16 +24,57 @@ TIME_LABELS = {
 }
 
 
+#: narrowest a text column gets on a narrow terminal (it folds onto more lines instead)
+TEXT_MIN_WIDTH = 6
+
+
+def add_columns(t: Table, names: tuple[str, ...] | list[str], text: tuple[str, ...] = ()) -> None:
+    """Columns that stay readable on a narrow terminal: numbers right-aligned and never wrapped or cut (rich
+    narrows the wrappable columns first), the ``text`` ones folded onto more lines instead of cut."""
+    for name in names:
+        if name in text:
+            t.add_column(name, overflow="fold", min_width=min(len(name), TEXT_MIN_WIDTH))
+        else:  # a header of several words stacks them, so it is no wider than its longest word
+            t.add_column(name.replace(" ", "\n"), justify="right", no_wrap=True)
+
+
+def degrees(cfg: RunConfig) -> list[tuple[str, int, str]]:
+    """The parallel degrees a layout names, (label, degree, suffix): TP, PP and DP always; CP (with its kind's
+    initial), EP, expert TP and virtual stages where they are in use."""
+    out = [("TP", cfg.tp, ""), ("PP", cfg.pp, ""), ("DP", cfg.dp, "")]
+    for label, value, suffix, used in (("CP", cfg.cp, cfg.cp_kind[0], cfg.cp > 1), ("EP", cfg.ep, "", cfg.ep > 1),
+                                       ("ETP", cfg.expert_tp, "", cfg.expert_tp != cfg.tp),
+                                       ("VPP", cfg.vpp, "", cfg.vpp > 1)):
+        if used:
+            out.append((label, value, suffix))
+    return out
+
+
+def layout_label(cfg: RunConfig) -> str:
+    """The parallel layout in one short string: "TP8 PP2 DP16 CP2r EP8 VPP5 mb2x16 SP" (TP and PP of 1 left
+    out)."""
+    parts = [f"{label}{value}{suffix}" for label, value, suffix in degrees(cfg)
+             if not (label in ("TP", "PP") and value == 1)]
+    parts.append(f"mb{cfg.micro_batch_size}x{cfg.num_microbatches}")
+    if cfg.sequence_parallel and cfg.tp > 1:
+        parts.append("SP")
+    return " ".join(parts)
+
+
+def recipe_label(cfg: RunConfig) -> str:
+    """Schedule, recomputation and ZeRO stage: "interleaved-1f1b, full 7, ZeRO-1"."""
+    rec = cfg.recompute
+    if cfg.recompute_layers_per_stage is not None:
+        rec += " " + ",".join(map(str, cfg.recompute_layers_per_stage))
+    elif cfg.recompute == "full" and cfg.recompute_num_layers:
+        rec += f" {cfg.recompute_num_layers}"
+    return f"{cfg.schedule}, {rec}, ZeRO-{cfg.zero_stage}"
+
+
 def config_line(cfg: RunConfig) -> str:
-    parts = [f"TP {cfg.tp}", f"PP {cfg.pp}", f"DP {cfg.dp}"]
-    if cfg.cp > 1:
-        parts.append(f"CP {cfg.cp} ({cfg.cp_kind})")
-    if cfg.ep > 1:
-        parts.append(f"EP {cfg.ep}")
-    if cfg.expert_tp != cfg.tp:
-        parts.append(f"expert TP {cfg.expert_tp}")
-    if cfg.vpp > 1:
-        parts.append(f"VPP {cfg.vpp}")
+    long = {"ETP": "expert TP"}
+    parts = [f"{long.get(label, label)} {value}" + (f" ({cfg.cp_kind})" if label == "CP" else "")
+             for label, value, _ in degrees(cfg)]
     parts += [f"mb {cfg.micro_batch_size} x {cfg.num_microbatches}", cfg.schedule,
               f"recompute {cfg.recompute}" + (f"({cfg.recompute_num_layers})" if cfg.recompute_num_layers else ""),
               f"ZeRO-{cfg.zero_stage}", "SP" if cfg.sequence_parallel and cfg.tp > 1 else "no SP"]
@@ -44,15 +85,29 @@ def config_line(cfg: RunConfig) -> str:
     return ", ".join(parts)
 
 
+def model_label(model, seq_len: int | None = None) -> str:
+    """A model's name with its parameter count: "llama-3.1-8b (8.03B params)", "deepseek-v3 (671B params, 37.6B
+    active per token)"."""
+    from planner.cost.memory import active_params, total_params
+
+    def b(n: float) -> str:
+        return f"{n / 1e9:.3g}B"
+
+    total = total_params(model, seq_len)
+    text = f"{model.name} ({b(total)} params"
+    if model.is_moe:
+        text += f", {b(active_params(model, seq_len))} active per token"
+    return text + ")"
+
+
 def summary_table(est: dict[str, Any], title: str = "Estimate") -> Table:
     """The headline figures of an estimate, from its JSON form (``Estimate.to_dict`` or a plan file's)."""
     t = Table(title=title, show_header=False)
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    add_columns(t, ("metric", "value"), text=("metric",))
     t.add_row("step time", f"{est['step_time_s']:.3f} s")
     t.add_row("throughput", f"{est['tokens_per_s']:,.0f} tokens/s")
     t.add_row("model TFLOP/s per GPU", f"{est['tflops_per_gpu']:.1f}")
-    t.add_row("MFU / HFU", f"{100 * est['mfu']:.1f}% / {100 * est['hfu']:.1f}%")
+    t.add_row("MFU / HFU (attention: full s² square)", f"{100 * est['mfu']:.1f}% / {100 * est['hfu']:.1f}%")
     t.add_row("peak memory", f"{est['peak_memory_gib']:.1f} GiB of {est['memory_limit_gib']:.1f} GiB usable")
     t.add_row("fits", "[green]yes[/]" if est["fits"] else "[red]NO[/]")
     return t
@@ -60,9 +115,7 @@ def summary_table(est: dict[str, Any], title: str = "Estimate") -> Table:
 
 def time_table(est: Estimate) -> Table:
     t = Table(title="Step time breakdown (busiest pipeline rank)")
-    t.add_column("component")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
+    add_columns(t, ("component", "seconds", "share"), text=("component",))
     for key, label in TIME_LABELS.items():
         v = est.breakdown.get(key, 0.0)
         if v <= 0 and key not in ("compute_s",):
@@ -73,20 +126,28 @@ def time_table(est: Estimate) -> Table:
 
 
 def stage_table(est: Estimate) -> Table:
-    t = Table(title="Per pipeline rank: time per micro-batch and peak memory (GiB)")
-    for col in ("rank", "layers", "fwd ms", "bwd ms", "recomp ms", "in-flight", "weights", "grads", "optim",
-                "activ.", "workspace", "peak"):
-        t.add_column(col, justify="right")
+    """Per pipeline rank: its layers, time per micro-batch and peak memory (the memory's parts: ``memory_table``)."""
+    t = Table(title="Per pipeline rank: time per micro-batch (ms) and peak memory (GiB)")
+    add_columns(t, ("rank", "layers", "fwd ms", "bwd ms", "recomp ms", "in-flight", "peak GiB"), text=("layers",))
     limit = est.memory_limit_bytes
     for s in est.stages:
-        m = s.memory_bytes
         peak = s.peak_memory_bytes
-        style = "red" if peak > limit else ""
+        text = f"{peak / GIB:.1f}"
         t.add_row(str(s.rank), "+".join(map(str, s.layers)), f"{1e3 * s.fwd_s:.1f}", f"{1e3 * s.bwd_s:.1f}",
                   f"{1e3 * s.recompute_s:.1f}", f"{s.inflight_microbatches:g}",
-                  *(f"{m.get(k, 0) / GIB:.1f}" for k in ("weights", "gradients", "optimizer", "activations",
-                                                          "workspace")),
-                  f"[{style}]{peak / GIB:.1f}[/]" if style else f"{peak / GIB:.1f}")
+                  f"[red]{text}[/]" if peak > limit else text)
+    return t
+
+
+def memory_table(est: Estimate) -> Table:
+    """Per pipeline rank: what its peak memory holds (GiB)."""
+    t = Table(title=f"Peak memory per pipeline rank (GiB of {est.memory_limit_bytes / GIB:.1f} usable)")
+    add_columns(t, ("rank", "weights", "grads", "optim", "activ.", "workspace", "peak"))
+    for s in est.stages:
+        m = s.memory_bytes
+        t.add_row(str(s.rank), *(f"{m.get(k, 0) / GIB:.1f}" for k in ("weights", "gradients", "optimizer",
+                                                                       "activations", "workspace")),
+                  f"{s.peak_memory_bytes / GIB:.1f}")
     return t
 
 
@@ -108,3 +169,4 @@ def print_estimate(console: Console, est: Estimate, cfg: RunConfig, header: str,
         console.print(accuracy_line(accuracy))
     console.print(time_table(est))
     console.print(stage_table(est))
+    console.print(memory_table(est))

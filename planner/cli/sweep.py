@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from planner.cli.app import app, console, err, handle_errors
+from planner.cli.app import CONSTRAINT_OPTIONS, app, console, err, handle_errors, search_constraints
+from planner.cli.render import add_columns
 from planner.errors import PlannerError
 
 #: rows printed in the terminal table; the CSV holds them all
@@ -38,19 +39,35 @@ def int_values(values: list[str] | None, option: str) -> list[int]:
     return out
 
 
+def check_writable(path: Path, option: str) -> None:
+    """A file the command will write at the end: its folder exists and takes files, and it is not a folder."""
+    import os
+
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise PlannerError("is a directory", source=option, field=str(path), fix="pass a file path")
+    if not parent.is_dir():
+        raise PlannerError(f"no such directory: {parent}", source=option, field=str(path),
+                           fix="create the directory first or pass another path")
+    if not os.access(parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        raise PlannerError("not writable", source=option, field=str(path), fix="pass a writable path")
+
+
 def result_table(df: Any) -> Table:
     t = Table(title=f"Best plan per scenario ({len(df)} scenarios, {int(df['feasible'].sum())} feasible)")
-    for col in ("model", "cluster", "GPUs", "batch", "seq", "TP", "PP", "DP", "CP", "EP", "VPP", "mb", "schedule",
-                "recompute", "ZeRO", "step s", "MFU", "mem GiB"):
-        t.add_column(col, justify="left" if col in ("model", "cluster", "schedule", "recompute") else "right")
+    add_columns(t, ("scenario", "layout", "schedule, recompute, ZeRO", "step s", "MFU", "GiB"),
+                text=("scenario", "layout", "schedule, recompute, ZeRO"))
     for r in df.head(MAX_TABLE_ROWS).itertuples(index=False):
-        head = [r.model, r.cluster, str(r.num_gpus), str(r.global_batch_size), str(r.seq_len)]
+        scenario = f"{r.model} on {r.num_gpus} x {r.cluster}, batch {r.global_batch_size}, seq {r.seq_len}"
         if not r.feasible:
-            t.add_row(*head, *[""] * 12, f"[red]{str(r.error)[:40]}[/]")
+            t.add_row(scenario, f"[red]{r.error}[/]", "", "", "", "")
             continue
-        t.add_row(*head, *(str(int(getattr(r, k))) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size")),
-                  str(r.schedule), str(r.recompute), str(int(r.zero_stage)), f"{r.step_time_s:.3f}",
-                  f"{100 * r.mfu:.1f}%", f"{r.peak_memory_gib:.1f}")
+        layout = [f"{name}{int(getattr(r, col))}" for name, col in (("TP", "tp"), ("PP", "pp"), ("DP", "dp"),
+                                                                   ("CP", "cp"), ("EP", "ep"), ("VPP", "vpp"))
+                  if col == "dp" or int(getattr(r, col)) > 1]
+        layout.append(f"mb{int(r.micro_batch_size)}")
+        t.add_row(scenario, " ".join(layout), f"{r.schedule}, {r.recompute}, ZeRO-{int(r.zero_stage)}",
+                  f"{r.step_time_s:.3f}", f"{100 * r.mfu:.1f}%", f"{r.peak_memory_gib:.1f}")
     return t
 
 
@@ -80,6 +97,10 @@ def sweep(
     jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
     csv: Path = typer.Option(None, "--csv", help="Write every row to this CSV file"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table (with --csv)"),
+    tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
+    ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"],
+    micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
+    zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
 ) -> None:
     """Sweep scenarios (Cartesian product of the options) and report the best plan of each, e.g.
     ``planner sweep --model llama-3.1-70b --cluster h100-80gb-sxm,a100-80gb-sxm --gpus 64,128 --global-batch 512
@@ -99,6 +120,9 @@ def sweep(
         raise PlannerError(f"must be >= 1, got {jobs}", source="--jobs")
     if quiet and csv is None:
         raise PlannerError("--quiet without --csv would print nothing", source="--quiet", fix="add --csv FILE")
+    if csv is not None:
+        check_writable(csv, "--csv")  # before the work, not after it
+    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute)
     total = len(models) * len(clusters) * len(counts) * len(batches) * len(lengths)
     progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
@@ -106,7 +130,7 @@ def sweep(
         task = progress.add_task("sweep", total=total)
         df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
                        max_memory_gib=max_memory_gib, launcher=launcher, precision=precision,
-                       stack=_sweep_stack(stack, launcher), processes=jobs,
+                       stack=_sweep_stack(stack, launcher), processes=jobs, constraints=constraints,
                        progress=lambda done, _total: progress.update(task, completed=done))
     if csv is not None:
         try:

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from planner.cli.app import app, choice, console, handle_errors
+from planner.cli.render import add_columns
 from planner.validation import validate as run_validation
 from planner.validation.collectives import compare as compare_collectives
 from planner.validation.compare import GROUPS, validate_modern
@@ -68,8 +69,7 @@ def validate(
                                     **_summary([r.error for r in rs])}
             if con is not None:
                 t = Table(title=table)
-                for col in ("run", "metric", "measured", "estimated", "error"):
-                    t.add_column(col, justify="right" if col != "run" else "left")
+                add_columns(t, ("run", "metric", "measured", "estimated", "error"), text=("run",))
                 for r in rs:
                     t.add_row(r.id, r.metric, f"{r.measured:.2f}", f"{r.estimated:.2f}", f"{100 * r.error:+.1f}%")
                 summary = out["papers"][table]
@@ -82,16 +82,15 @@ def validate(
         out["modern"] = report
         if con is not None:
             t = Table(title="modern public runs: tokens/s per GPU, measured vs estimated for the published layout")
-            for col in ("run", "framework", "groups", "measured", "estimated", "error"):
-                t.add_column(col, justify="right" if col in ("measured", "estimated", "error") else "left")
+            add_columns(t, ("run", "framework", "groups", "measured", "estimated", "error"),
+                        text=("run", "framework", "groups"))
             for r in rows:
                 est = f"{r.estimated:,.0f}" if r.estimated is not None else "cannot express"
                 err = f"{100 * r.error:+.1f}%" if r.estimated is not None else r.cannot_express
                 t.add_row(r.id, r.framework, ", ".join(r.groups), f"{r.measured:,.0f}", est, err)
             con.print(t)
             g = Table(title="modern set: accuracy per group (a row may be in several)")
-            for col in ("group", "rows", "mean |error|", "median |error|", "max |error|"):
-                g.add_column(col, justify="left" if col == "group" else "right")
+            add_columns(g, ("group", "rows", "mean |error|", "median |error|", "max |error|"), text=("group",))
             for name, s in [("all", report["overall"])] + list(report["groups"].items()):
                 g.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
                           _pct(s["max_abs_error"]))
@@ -100,7 +99,7 @@ def validate(
                 con.print(f"published runs the memory model says do not fit (they ran): "
                           f"{len(report['do_not_fit'])} of {len(rows)}: " + ", ".join(
                               f"{r.id} ({r.peak_memory_gib:.0f} of {r.memory_limit_gib:.0f} GiB)"
-                              for r in rows if r.fits is False), soft_wrap=True)
+                              for r in rows if r.fits is False))
             if report["cannot_express"]:
                 con.print(f"{report['cannot_express']} row(s) cannot be expressed yet (listed above, not scored)")
             if show_commands:
@@ -114,8 +113,8 @@ def validate(
                                        for r in rows], **_summary([r.error for r in rows])}
         if con is not None:
             t = Table(title="collectives: published nccl-tests figures vs the collective model (NCCL's tuner model)")
-            for col in ("run", "metric", "measured", "estimated", "error", "sets a profile value"):
-                t.add_column(col, justify="left" if col in ("run", "sets a profile value") else "right")
+            add_columns(t, ("run", "metric", "measured", "estimated", "error", "sets a profile value"),
+                        text=("run", "metric", "sets a profile value"))
             for r in rows:
                 t.add_row(r.id, r.metric, f"{r.measured:.2f}", f"{r.estimated:.2f}", f"{100 * r.error:+.1f}%",
                           "yes" if r.in_sample else "no: independent check")

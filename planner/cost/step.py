@@ -33,6 +33,11 @@ __all__ = ["ADAM_BYTES_PER_PARAM", "BatchCosts", "EndCost", "Estimate", "LAYER_C
            "end_costs", "batch_costs", "estimate", "layer_costs", "pipeline_send_s", "stage_layers"]
 
 
+#: how MFU counts the attention core's FLOPs (``compute.model_flops_per_step``): the whole s x s score square, as
+#: Narayanan et al. 2021 Eq. 3 and Megatron's reports do; a causal-half count (Meta's Llama 3 report) reads lower
+MFU_ATTENTION = "full s x s square (Narayanan et al. 2021, Eq. 3); causal-half counts read lower"
+
+
 @dataclass(frozen=True)
 class StageEstimate:
     """One pipeline rank (its v chunks together): per-micro-batch times and peak memory."""
@@ -87,6 +92,7 @@ class Estimate:
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
             "hfu": self.hfu,
+            "mfu_attention": MFU_ATTENTION,
             "peak_memory_gib": self.peak_memory_gib,
             "memory_limit_gib": self.memory_limit_bytes / GIB,
             "fits": self.fits,

@@ -96,15 +96,18 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
 def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size: int, seq_len: int, target: str, *,
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
                       refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
-                      stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES) -> Any:
+                      stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES,
+                      constraints: Any = None) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
-    runs if one is given; InfeasibleError when none fits. ``refine_partition=False`` keeps the even layer split
-    (``planner plan --even-split``)."""
+    runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
+    when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
     from planner.plan import search_plans
     from planner.search.engine import objective_key
 
     spaces = (stack_spaces(stack, target, precision, recompute_modules) if stack is not None
               else launcher_spaces(target, option, precision, recompute_modules))
+    if constraints is not None:
+        spaces = constraints.narrow(spaces, f"stack {stack.name}" if stack is not None else target)
     found = []
     reasons = []
     fixes = []

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from planner.search.bounds import (floored_group_bound, group_floors, group_memo
                                    group_time_bound, layer_key_batch, refined_group_bounds, row_memory_bound,
                                    row_time_bound)
 from planner.search.partition import partition
-from planner.search.space import SearchSpace, Space, build_space, divisors
+from planner.search.space import G, SearchSpace, Space, build_space, divisors, group_rows
 from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import MAX_CONFIG_INT, ModelSpec
@@ -339,6 +339,14 @@ MAX_GPU_DOUBLINGS = 8
 
 def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, global_batch: int, seq_len: int,
                 limit: float, max_memory_gib: float | None, space: SearchSpace, stats: dict) -> InfeasibleError:
+    if not len(sp.groups) and _constrained(space):
+        free = group_rows(model, cluster, num_gpus, global_batch, seq_len, _unconstrained(space))
+        if len(free):
+            valid = "; ".join(f"{label} {','.join(map(str, np.unique(free[:, G[col]]).tolist()))}"
+                              for label, col in (("TP", "tp"), ("PP", "pp"), ("CP", "cp"), ("EP", "ep"), ("VPP", "vpp"),
+                                                 ("micro-batch", "mb")))
+            return InfeasibleError(f"no valid configuration of {model.name} on {num_gpus} GPUs within the "
+                                   f"constraints", source="plan", fix=f"widen them; valid here: {valid}")
     if not len(sp.groups):
         simple = RunConfig(num_gpus=num_gpus, global_batch_size=global_batch, seq_len=seq_len)
         problems = config_problems(model, cluster, simple)
@@ -362,6 +370,16 @@ def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, gl
     if seq_len > 2048:
         fixes.append("or a shorter --seq-len")
     return InfeasibleError(msg, source="plan", fix="; ".join(fixes))
+
+
+def _constrained(space: SearchSpace) -> bool:
+    return any(v is not None for v in (space.tp_values, space.pp_values, space.cp_values, space.ep_values,
+                                       space.vpp_values, space.micro_batch_sizes))
+
+
+def _unconstrained(space: SearchSpace) -> SearchSpace:
+    return replace(space, tp_values=None, pp_values=None, cp_values=None, ep_values=None, vpp_values=None,
+                   micro_batch_sizes=None)
 
 
 #: how many candidate GPU counts, nearest first, are tried when none of the request's layouts divides the batch

@@ -17,13 +17,14 @@ configuration of the space is left out; rows are checked again with ``config_pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
 
 from planner.cost.schedule import SCHEDULES
 from planner.cost.validity import tp_splits_heads, ulysses_problem
+from planner.errors import PlannerError
 from planner.specs.config import CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
@@ -70,6 +71,68 @@ class SearchSpace:
     max_cp: int | None = None
     max_pp: int | None = None
     micro_batch_sizes: tuple[int, ...] | None = None  # None = every divisor
+    #: degrees a user allows (``planner plan --tp 8 --pp 4,8``); None = every valid one
+    tp_values: tuple[int, ...] | None = None
+    pp_values: tuple[int, ...] | None = None
+    cp_values: tuple[int, ...] | None = None
+    ep_values: tuple[int, ...] | None = None
+    vpp_values: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What a user restricts the search to (``planner plan`` / ``sweep`` options): allowed values of each degree,
+    micro-batch size, schedule, ZeRO stage and recomputation mode; None leaves a knob free."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    vpp: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    schedules: tuple[str, ...] | None = None
+    zero: tuple[int, ...] | None = None
+    recompute: tuple[str, ...] | None = None
+
+    def apply(self, space: SearchSpace) -> SearchSpace | None:
+        """``space`` narrowed to these values, or None where a set knob leaves it nothing (a schedule, ZeRO stage
+        or recomputation mode the space, e.g. a launcher's, does not hold)."""
+        def keep(have, want):
+            return have if want is None else tuple(x for x in have if x in want)
+        narrowed = replace(
+            space, schedules=keep(space.schedules, self.schedules), zero_stages=keep(space.zero_stages, self.zero),
+            recompute_modes=keep(space.recompute_modes, self.recompute),
+            micro_batch_sizes=self.micro_batch if space.micro_batch_sizes is None else
+            keep(space.micro_batch_sizes, self.micro_batch),
+            tp_values=self.tp, pp_values=self.pp, cp_values=self.cp, ep_values=self.ep, vpp_values=self.vpp)
+        if not (narrowed.schedules and narrowed.zero_stages and narrowed.recompute_modes):
+            return None
+        return narrowed
+
+    def narrow(self, spaces: list[SearchSpace], runner: str) -> list[SearchSpace]:
+        """The spaces that keep something under these constraints; a one-line error naming the option when a
+        schedule, ZeRO stage or recomputation set leaves ``runner`` (a stack or launcher) nothing."""
+        for option, want, have in (("--schedules", self.schedules, {x for s in spaces for x in s.schedules}),
+                                   ("--zero", self.zero, {x for s in spaces for x in s.zero_stages}),
+                                   ("--recompute", self.recompute, {x for s in spaces for x in s.recompute_modes})):
+            if want is not None and not set(want) & have:
+                raise PlannerError(f"{runner} runs none of {', '.join(map(str, want))}", source=option,
+                                   fix=f"it runs: {', '.join(map(str, sorted(have, key=str)))}")
+        out = [n for n in (self.apply(s) for s in spaces) if n is not None]
+        if not out:
+            raise PlannerError(f"{runner} runs no combination of the given --schedules, --zero and --recompute",
+                               source="--schedules", fix="widen one of them")
+        return out
+
+    def describe(self) -> str:
+        """The constraints as the CLI spells them (for messages)."""
+        parts = []
+        for option, values in (("--tp", self.tp), ("--pp", self.pp), ("--cp", self.cp), ("--ep", self.ep),
+                               ("--vpp", self.vpp), ("--micro-batch", self.micro_batch),
+                               ("--schedules", self.schedules), ("--zero", self.zero), ("--recompute", self.recompute)):
+            if values is not None:
+                parts.append(f"{option} {','.join(map(str, values))}")
+        return " ".join(parts)
 
 
 def near_even_chunks(num_layers: int, chunks: int, uneven: int = UNEVEN_CHUNKS) -> bool:
@@ -119,12 +182,15 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     epo_opts = sorted({int(x) for x in space.ep_comm_overlap}, reverse=True) if model.is_moe else [0]
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
     tail_sets: list[list[tuple[int, int]]] = []
+    def allowed(value: int, values: tuple[int, ...] | None) -> bool:
+        return values is None or value in values
+
     for tp in divisors(num_gpus):
-        if tp > max_tp or not tp_splits_heads(model, tp):
+        if tp > max_tp or not tp_splits_heads(model, tp) or not allowed(tp, space.tp_values):
             continue
         sps = sp_opts if tp > 1 else [0]  # SP is a no-op without TP: one choice, "off"
         for cp in divisors(num_gpus // tp):
-            if space.max_cp and cp > space.max_cp:
+            if space.max_cp and cp > space.max_cp or not allowed(cp, space.cp_values):
                 continue
             if cp > 1 and seq_len % (2 * cp):
                 continue
@@ -133,20 +199,24 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     continue
                 k_idx = CP_KINDS.index(kind)
                 for pp in divisors(num_gpus // (tp * cp)):
-                    if pp > L or (space.max_pp and pp > space.max_pp):
+                    if pp > L or (space.max_pp and pp > space.max_pp) or not allowed(pp, space.pp_values):
                         continue
                     dp = num_gpus // (tp * cp * pp)
                     if global_batch % dp:
                         continue
                     eps = [1]
                     if model.is_moe:
-                        eps = [e for e in divisors(dp * cp) if model.num_experts % e == 0]
+                        eps = [e for e in divisors(dp * cp) if model.num_experts % e == 0
+                               and allowed(e, space.ep_values)]
+                    elif not allowed(1, space.ep_values):
+                        continue
                     mbs = divisors(global_batch // dp)
                     if space.micro_batch_sizes is not None:
                         mbs = [b for b in mbs if b in space.micro_batch_sizes]
                     # virtual stages per schedule: chunks must split the layers evenly (validity)
                     vpps = [([v for v in range(2, L // pp + 1) if near_even_chunks(L, pp * v, space.uneven_chunks)]
                              if pp > 1 else []) if sched.supports_vpp else [1] for sched in scheds]
+                    vpps = [[v for v in vs if allowed(v, space.vpp_values)] for vs in vpps]
                     tails = [(ep, sp, tpo) + opts + (epo,) for ep in eps for sp in sps
                              if not (ep > 1 and tp > 1 and not sp)  # Megatron-Core MoE: EP with TP needs SP
                              for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts
