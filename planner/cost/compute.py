@@ -172,7 +172,7 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     else:
         routed_width, shared_width = 0.0, model.ffn_hidden_size / t
     rope_elems = 0 if model.learned_positions else 2 * (model.q_dim + model.kv_dim) / t
-    for name, elems, module in (("norms", 2 * norm_elems * h / sp, "layernorm"),
+    for name, elems, module in (("norms", model.norms_per_layer * norm_elems * h / sp, "layernorm"),
                                 ("residual", 2 * resid_elems * h / sp, ""),
                                 ("mlp_act", per_elem * shared_width, "" if moe else "mlp"),
                                 ("moe_act", per_elem * routed_width, "moe_act"),

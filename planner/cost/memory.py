@@ -52,12 +52,18 @@ def mla_params(model: ModelSpec) -> int:
 
 
 def attention_params(model: ModelSpec) -> int:
+    """Q, K, V and output projections (with their biases where the model has them) and the QK-norm weights: a
+    head_dim weight each for queries and keys ("head", Qwen3 / Gemma 3), or q_dim + kv_dim ("full", OLMo 2)."""
     if model.is_mla:
         return mla_params(model)
     h = model.hidden_size
     n = h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h
     if model.linear_bias:
         n += model.q_dim + 2 * model.kv_dim + h
+    if model.qk_norm == "head":
+        n += 2 * model.head_size
+    elif model.qk_norm == "full":
+        n += model.q_dim + model.kv_dim
     return n
 
 
@@ -66,7 +72,7 @@ def dense_mlp_params(model: ModelSpec, ffn: int | None = None) -> int:
     f = model.ffn_hidden_size if ffn is None else ffn
     n_mats = 3 if model.gated_mlp else 2
     n = n_mats * h * f
-    if model.linear_bias:
+    if model.mlp_bias:
         n += (n_mats - 1) * f + h
     return n
 
@@ -78,7 +84,7 @@ def expert_params_per_layer(model: ModelSpec) -> int:
 
 def layer_params(model: ModelSpec, moe: bool = False) -> int:
     """All parameters of one decoder layer (attention, MLP or MoE incl. shared experts and router, two norms)."""
-    n = attention_params(model) + 2 * norm_params(model)
+    n = attention_params(model) + model.norms_per_layer * norm_params(model)
     if moe:
         n += expert_params_per_layer(model)
         n += model.num_shared_experts * dense_mlp_params(model, model.moe_ffn_hidden_size)
@@ -232,7 +238,7 @@ def embedding_activation_bytes(model: ModelSpec, cfg: Config):
 def layer_params_on_gpu(model: ModelSpec, tp, ep, moe: bool, etp=None):
     """(dense, expert) parameters of one decoder layer on one GPU: the non-expert weights split by TP except the two
     norms (replicated across TP, Megatron), the routed experts split over EP x expert TP (TP when ``etp`` is None)."""
-    norms = 2 * norm_params(model)
+    norms = model.norms_per_layer * norm_params(model)
     experts = expert_params_per_layer(model) if moe else 0
     etp = tp if etp is None else etp
     dense = (layer_params(model, moe=moe) - experts - norms) / np.asarray(tp) + norms

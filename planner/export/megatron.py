@@ -86,7 +86,7 @@ def _model_args(view: PlanView) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if not m.learned_positions:
         args += ["--position-embedding-type", "rope"]
-    if not m.linear_bias:
+    if not (m.linear_bias or m.mlp_bias):
         args.append("--disable-bias-linear")
     if not m.dropout:
         args += ["--attention-dropout", "0", "--hidden-dropout", "0"]

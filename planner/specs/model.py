@@ -15,9 +15,33 @@ from typing import Any
 
 from planner.errors import PlannerError
 
-#: model_type values read as a Llama-style decoder (RMSNorm, SwiGLU, rotary positions, optional GQA).
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "deepseek_v2")
-SUPPORTED_MODEL_TYPES = LLAMA_LIKE + ("gpt2",)
+#: model_type values read as a Llama-style decoder (RMSNorm, gated MLP, rotary positions, optional GQA), with the
+#: family differences of :data:`FAMILY_RULES`
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "deepseek_v2", "qwen3",
+              "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "gpt_oss", "phi3", "olmo2", "llama4", "llama4_text")
+#: model_type values with a GPT-style block (LayerNorm, a non-gated GELU MLP), each read by its own field names
+GPT_LIKE = ("gpt2", "gpt_neox", "falcon", "starcoder2", "mpt")
+SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GPT_LIKE
+#: per Llama-like family, what its config.json does not spell out (transformers' modeling_<type>.py): QK-norm
+#: ("head": one RMSNorm weight of head_dim for queries and one for keys, Qwen3 / Gemma 3; "full": over the whole
+#: query and key widths, OLMo 2), norms per layer (Gemma 2 / 3 norm before and after attention and MLP), biases of
+#: the attention projections and of the MLP / experts by default, tied embeddings by default, and the default
+#: sliding-window pattern (every n-th layer global) where the config gives no layer_types
+FAMILY_RULES: dict[str, dict[str, Any]] = {
+    "qwen2": {"attention_bias": True},
+    "qwen2_moe": {"attention_bias": True},
+    "qwen3": {"qk_norm": "head"},
+    "qwen3_moe": {"qk_norm": "head"},
+    "gemma2": {"norms_per_layer": 4, "tied": True, "global_every": 2},
+    "gemma3_text": {"norms_per_layer": 4, "tied": True, "qk_norm": "head", "global_every": 6},
+    "gemma3": {"norms_per_layer": 4, "tied": True, "qk_norm": "head", "global_every": 6},
+    "gpt_oss": {"attention_bias": True, "mlp_bias": True},
+    "olmo2": {"qk_norm": "full"},
+    "llama4": {"qk_norm": ""},
+    "llama4_text": {"qk_norm": ""},
+}
+#: configs that keep the language model's shapes under "text_config" (multimodal checkpoints)
+NESTED_TEXT_CONFIG = ("gemma3", "llama4")
 #: largest integer accepted in a config.json: int32, the type frameworks store shapes in; larger values are typos
 #: and would overflow the cost model's float arithmetic
 MAX_CONFIG_INT = 2**31 - 1
@@ -46,8 +70,12 @@ class ModelSpec:
     gated_mlp: bool = True  # SwiGLU (three matrices) vs GELU (two)
     norm: str = "rmsnorm"  # or "layernorm" (has a bias: twice the parameters and bytes)
     learned_positions: bool = False
-    linear_bias: bool = False
+    linear_bias: bool = False  # biases on the attention projections
+    mlp_bias: bool = False  # biases on the MLP (and expert) projections
     dropout: bool = False  # Megatron GPT keeps dropout masks (Korthikanti Table 2 counts them)
+    #: QK-norm: "" none, "head" (a head_dim RMSNorm weight for queries and for keys), "full" (over q_dim / kv_dim)
+    qk_norm: str = ""
+    norms_per_layer: int = 2
     # Mixture of experts (0 experts = dense model)
     num_experts: int = 0
     experts_per_token: int = 0
@@ -268,7 +296,13 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
     model_type = f.str("model_type")
     name = f.str("name", default_name) if "name" in f.data else default_name
     src = f.data.get("source", "") if isinstance(f.data.get("source", ""), str) else ""
-    if model_type == "gpt2":
+    if model_type in NESTED_TEXT_CONFIG:  # a multimodal checkpoint: the language model's own config
+        text = f.data.get("text_config")
+        if isinstance(text, dict):
+            f = _Fields({"model_type": model_type, **text}, source)
+    if model_type in GPT_LIKE and model_type != "gpt2":
+        spec = _gpt_like(f, model_type, name, src)
+    elif model_type == "gpt2":
         h = f.int("n_embd", "hidden_size")
         heads = f.int("n_head", "num_attention_heads")
         spec = ModelSpec(
@@ -277,17 +311,21 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             num_layers=f.int("n_layer", "num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
             vocab_size=f.int("vocab_size"), max_seq_len=f.int("n_positions", "max_position_embeddings"),
             tied_embeddings=f.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
-            learned_positions=True, linear_bias=True, dropout=f.bool("dropout", True), source=src,
+            learned_positions=True, linear_bias=True, mlp_bias=True, dropout=f.bool("dropout", True), source=src,
         )
     elif model_type in LLAMA_LIKE:
+        rules = FAMILY_RULES.get(model_type, {})
         heads = f.int("num_attention_heads")
         h = f.int("hidden_size")
         layers = f.int("num_hidden_layers")
         num_experts = f.int("num_local_experts", "n_routed_experts", "num_experts", default=0, minimum=0)
         moe_ffn = shared = 0
+        dense_ffn = f.int("intermediate_size_mlp", "intermediate_size")  # Llama 4: the dense layers' width
         if num_experts:
+            _uniform_moe_layers(f, model_type)
             moe_ffn = f.int("moe_intermediate_size", default=0, minimum=0) or f.int("intermediate_size")
-            shared = f.int("n_shared_experts", default=0, minimum=0)
+            shared = f.int("n_shared_experts", default=1 if model_type in ("llama4", "llama4_text") else 0,
+                           minimum=0)
             # Qwen2-MoE gives the shared expert as one MLP of shared_expert_intermediate_size: n_s = that / f
             shared_width = f.int("shared_expert_intermediate_size", default=0, minimum=0)
             if shared_width:
@@ -296,15 +334,17 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
                                        f"moe_intermediate_size {moe_ffn}", source=source,
                                        field="shared_expert_intermediate_size")
                 shared = shared_width // moe_ffn
-        window, window_layers = _sliding_window(f, model_type, layers)
+        window, window_layers = _sliding_window(f, model_type, layers, rules.get("global_every", 0))
         spec = ModelSpec(
-            name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=f.int("intermediate_size"),
+            name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=dense_ffn,
             num_layers=layers, num_heads=heads,
             num_kv_heads=f.int("num_key_value_heads", default=heads),
             head_dim=f.int("head_dim", default=0, minimum=0) if model_type != "deepseek_v3" else 0,
             vocab_size=f.int("vocab_size"), max_seq_len=f.int("max_position_embeddings"),
-            tied_embeddings=f.bool("tie_word_embeddings", False),
-            linear_bias=f.bool("attention_bias", model_type in ("qwen2", "qwen2_moe")),
+            tied_embeddings=f.bool("tie_word_embeddings", rules.get("tied", False)),
+            linear_bias=f.bool("attention_bias", rules.get("attention_bias", False)),
+            mlp_bias=f.bool("mlp_bias", rules.get("mlp_bias", False)),
+            qk_norm=rules.get("qk_norm", ""), norms_per_layer=rules.get("norms_per_layer", 2),
             num_experts=num_experts,
             experts_per_token=f.int("num_experts_per_tok", default=2 if num_experts else 0, minimum=0),
             moe_ffn_hidden_size=moe_ffn,
@@ -327,11 +367,85 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
     return spec
 
 
-def _sliding_window(f: "_Fields", model_type: str, layers: int) -> tuple[int, int]:
+def _uniform_moe_layers(f: "_Fields", model_type: str) -> None:
+    """Refuse MoE layouts the layer model cannot hold yet: MoE layers interleaved with dense ones (Llama 4
+    Maverick's ``interleave_moe_layer_step`` 2, Qwen MoE's ``decoder_sparse_step`` > 1 or ``mlp_only_layers``);
+    leading dense layers (``first_k_dense_replace``) are fine."""
+    for key in ("interleave_moe_layer_step", "decoder_sparse_step"):
+        if f.int(key, default=1, minimum=1) != 1:
+            raise PlannerError(f"MoE layers interleaved with dense ones ({key} {f.data[key]}) are not supported yet",
+                               source=f.source, field=key, fix="every layer MoE (1), or leading dense layers via "
+                                                                "first_k_dense_replace")
+    if f.data.get("mlp_only_layers"):
+        raise PlannerError("dense layers among the MoE layers (mlp_only_layers) are not supported yet",
+                           source=f.source, field="mlp_only_layers", fix="an empty list")
+
+
+def _gpt_like(f: "_Fields", model_type: str, name: str, src: str) -> ModelSpec:
+    """GPT-NeoX (EleutherAI; parallel residual, biases, untied), Falcon (multi-query or grouped KV heads with
+    ``new_decoder_architecture``, no biases, tied), StarCoder2 (GQA, biases, sliding window, tied) and MPT
+    (``d_model`` / ``expansion_ratio``, no biases, tied): LayerNorm and a non-gated GELU MLP, rotary positions (MPT:
+    ALiBi, no position weights either way), each from its own config.json field names (transformers'
+    configuration_<type>.py)."""
+    if model_type == "mpt":
+        h = f.int("d_model")
+        heads = f.int("n_heads")
+        ratio = f.data.get("expansion_ratio", 4)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+            raise PlannerError(f"must be a positive number, got {ratio!r}", source=f.source, field="expansion_ratio")
+        no_bias = f.bool("no_bias", True)
+        return ModelSpec(name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=int(ratio * h),
+                         num_layers=f.int("n_layers"), num_heads=heads, num_kv_heads=heads,
+                         vocab_size=f.int("vocab_size"), max_seq_len=f.int("max_seq_len", default=2048),
+                         tied_embeddings=True, gated_mlp=False, norm="rmsnorm" if no_bias else "layernorm",
+                         linear_bias=not no_bias, mlp_bias=not no_bias, source=src)
+    h = f.int("hidden_size")
+    heads = f.int("num_attention_heads", "n_head")
+    layers = f.int("num_hidden_layers", "n_layer")
+    if model_type == "falcon":
+        if f.bool("new_decoder_architecture", False):
+            kv = f.int("num_kv_heads", default=heads)
+        else:
+            kv = 1 if f.bool("multi_query", True) else heads
+        bias = f.bool("bias", False)
+        return ModelSpec(name=name, model_type=model_type, hidden_size=h,
+                         ffn_hidden_size=f.int("ffn_hidden_size", default=4 * h), num_layers=layers, num_heads=heads,
+                         num_kv_heads=kv, vocab_size=f.int("vocab_size"),
+                         max_seq_len=f.int("max_position_embeddings", default=2048),
+                         tied_embeddings=f.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
+                         linear_bias=bias, mlp_bias=bias, source=src)
+    if model_type == "gpt_neox":
+        bias = f.bool("attention_bias", True)
+        return ModelSpec(name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=f.int("intermediate_size"),
+                         num_layers=layers, num_heads=heads, num_kv_heads=heads, vocab_size=f.int("vocab_size"),
+                         max_seq_len=f.int("max_position_embeddings"),
+                         tied_embeddings=f.bool("tie_word_embeddings", False), gated_mlp=False, norm="layernorm",
+                         linear_bias=bias, mlp_bias=True, source=src)
+    # starcoder2
+    bias = f.bool("use_bias", True)
+    window = f.int("sliding_window", default=0, minimum=0)
+    return ModelSpec(name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=f.int("intermediate_size"),
+                     num_layers=layers, num_heads=heads, num_kv_heads=f.int("num_key_value_heads", default=heads),
+                     vocab_size=f.int("vocab_size"), max_seq_len=f.int("max_position_embeddings"),
+                     tied_embeddings=f.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
+                     linear_bias=bias, mlp_bias=bias, sliding_window=window, sliding_window_layers=layers if window
+                     else 0, source=src)
+
+
+def _sliding_window(f: "_Fields", model_type: str, layers: int, global_every: int = 0) -> tuple[int, int]:
     """(window, layers that use it) from a config.json: ``layer_types`` counts the "sliding_attention" layers
     (transformers' convention, gpt-oss and Gemma 3 write it); without it Mistral applies ``sliding_window`` to every
-    layer, and Qwen2 only with ``use_sliding_window`` (to the layers from ``max_window_layers`` on)."""
+    layer, Qwen2 only with ``use_sliding_window`` (to the layers from ``max_window_layers`` on), and Gemma 2 / 3 to
+    all but every ``global_every``-th layer (``sliding_window_pattern`` where the config gives it; Gemma 2: every
+    other layer). Llama 4's chunked attention (``attention_chunk_size``, on the layers ``no_rope_layers`` marks 1)
+    is counted as a window of the chunk size: a query sees on average about as many keys."""
     window = f.int("sliding_window", default=0, minimum=0)
+    if model_type in ("llama4", "llama4_text"):
+        chunk = f.int("attention_chunk_size", default=0, minimum=0)
+        marks = f.data.get("no_rope_layers")
+        if chunk and isinstance(marks, list) and len(marks) == layers:
+            return chunk, sum(1 for x in marks if x)
+        return 0, 0
     if not window:
         return 0, 0
     types = f.data.get("layer_types")
@@ -341,6 +455,9 @@ def _sliding_window(f: "_Fields", model_type: str, layers: int) -> tuple[int, in
         return window, sum(t == "sliding_attention" for t in types)
     if model_type == "mistral":
         return window, layers
+    if global_every:
+        every = f.int("sliding_window_pattern", default=global_every)
+        return window, layers - layers // every
     if model_type in ("qwen2", "qwen2_moe") and f.bool("use_sliding_window", False):
         return window, max(0, layers - f.int("max_window_layers", default=layers, minimum=0))
     return 0, 0
