@@ -58,7 +58,10 @@ def test_plan_json_and_exports():
     small = RunConfig(num_gpus=64, ep=8, seq_len=4096, global_batch_size=256, sequence_parallel=False,
                       ep_comm_overlap=True)
     nemo_plan = plan_dict(mixtral, "h100-80gb-sxm", small, estimate(mixtral, h100, small))
-    assert "overlap_moe_expert_parallel_comm" in " ".join(export(nemo_plan, "nemo").notes)
+    from planner.export import nemo
+    assert nemo.comm_overlap_kwargs(nemo_plan) == {"tp_comm_overlap": False, "overlap_moe_expert_parallel_comm": True,
+                                                   "delay_wgrad_compute": True}
+    assert "'overlap_moe_expert_parallel_comm': True" in export(nemo_plan, "nemo").text
     for refusing in ("torchtitan", "deepspeed"):
         with pytest.raises(PlannerError, match="all-to-alls"):
             export(nemo_plan, refusing)

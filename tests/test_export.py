@@ -39,7 +39,7 @@ MEGATRON_FLAGS = {
     "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
     "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16", "--fp16",
-    "--fp8-format", "--fp8-recipe",
+    "--fp8-format", "--fp8-recipe", "--grad-reduce-in-bf16", "--ckpt-format",
 }
 TORCHTITAN_KEYS = {
     "training": {"local_batch_size", "global_batch_size", "seq_len"},
@@ -174,6 +174,8 @@ def test_megatron_zero3_with_pp_refused_without_pp_fsdp():
         emit(config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, zero_stage=3), "megatron")
     kv = pairs(megatron.arguments(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3)))
     assert "--use-megatron-fsdp" in kv and kv["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    # Megatron-LM's validate_args: "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format"
+    assert kv["--ckpt-format"] == "fsdp_dtensor"
     assert "--use-distributed-optimizer" not in kv
 
 
@@ -292,49 +294,91 @@ def test_deepspeed_refusals(gpt3):
     assert ds["zero_optimization"]["stage"] == 3
 
 
-# ----- NeMo 2.0 -----------------------------------------------------------------------------------------------
+# ----- NeMo: Megatron-Bridge overrides ------------------------------------------------------------------------
+#: ConfigContainer paths an export may set (megatron/bridge/training/config.py and Megatron Core's TransformerConfig)
+BRIDGE_PATHS = {
+    "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+    "model.virtual_pipeline_model_parallel_size", "model.context_parallel_size", "model.sequence_parallel",
+    "model.expert_model_parallel_size", "model.expert_tensor_parallel_size", "model.cp_comm_type",
+    "model.pipeline_model_parallel_layout", "model.seq_length", "dataset.seq_length", "train.micro_batch_size",
+    "train.global_batch_size", "model.recompute_granularity", "model.recompute_modules", "model.recompute_method",
+    "model.recompute_num_layers", "ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer",
+    "ddp.overlap_grad_reduce", "ddp.overlap_param_gather", "ddp.grad_reduce_in_fp32", "ddp.use_megatron_fsdp",
+    "ddp.data_parallel_sharding_strategy", "checkpoint.ckpt_format", "mixed_precision"}
+#: Megatron-Bridge mixed-precision presets the export may name (megatron/bridge/training/mixed_precision.py)
+BRIDGE_PRECISIONS = {"bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed"}
+BRIDGE_OVERLAP = {"tp_comm_overlap", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute"}
+
+
 def nemo_parts(text: str) -> tuple[dict, dict, dict, dict]:
-    """(MegatronStrategy kwargs, DDP config kwargs, RECIPE_OVERRIDES, namespace with apply_plan) of the snippet."""
-    tree = ast.parse(text)
-    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") ==
-                "MegatronStrategy")
-    strategy = {k.arg: k.value for k in call.keywords}
-    ddp = {k.arg: ast.literal_eval(k.value) for k in strategy.pop("ddp").keywords}
-    strategy = {k: ast.literal_eval(v) for k, v in strategy.items()}
-    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) or
-            isinstance(n, ast.Assign) and n.targets[0].id == "RECIPE_OVERRIDES"]
+    """(PLAN_OVERRIDES, COMM_OVERLAP, ENVIRONMENT, namespace with apply_plan) of the snippet, run without
+    Megatron-Bridge (apply_plan's import is stubbed)."""
+    import sys
+    import types
+
     ns: dict = {}
-    exec(compile(ast.Module(body=body, type_ignores=[]), "<nemo>", "exec"), ns)  # no nemo import needed
-    return strategy, ddp, ns["RECIPE_OVERRIDES"], ns
+    exec(compile(text, "<nemo>", "exec"), ns)
+    stub = types.ModuleType("megatron.bridge.training.comm_overlap")
+    stub.CommOverlapConfig = lambda **kw: SimpleNamespace(**kw)
+    names = ["megatron", "megatron.bridge", "megatron.bridge.training", "megatron.bridge.training.comm_overlap"]
+    saved = {n: sys.modules.get(n) for n in names}
+    for n in names[:-1]:
+        sys.modules.setdefault(n, types.ModuleType(n))
+    sys.modules[names[-1]] = stub
+    ns["_restore"] = lambda: [sys.modules.pop(n, None) if saved[n] is None else sys.modules.__setitem__(n, saved[n])
+                              for n in names]
+    over, overlap, env = ns["PLAN_OVERRIDES"], ns["COMM_OVERLAP"], ns["ENVIRONMENT"]
+    assert set(over) <= BRIDGE_PATHS and set(overlap) <= BRIDGE_OVERLAP
+    assert over["mixed_precision"] in BRIDGE_PRECISIONS
+    return over, overlap, env, ns
 
 
-def fake_recipe() -> SimpleNamespace:
+def fake_config() -> SimpleNamespace:
     ns = SimpleNamespace
-    return ns(trainer=ns(strategy=ns(ddp=ns())), data=ns(), model=ns(config=ns()), optim=ns(config=ns()))
+    return ns(model=ns(), train=ns(), dataset=ns(), ddp=ns(), optimizer=ns(), checkpoint=ns(), mixed_precision=None,
+              comm_overlap=None)
 
 
-def test_nemo_gpt3(gpt3):
-    strategy, ddp, overrides, ns = nemo_parts(emit(gpt3, "nemo"))
-    assert set(strategy) | {"ddp"} <= NEMO_STRATEGY_KWARGS and set(ddp) <= NEMO_DDP_KWARGS
-    assert strategy["tensor_model_parallel_size"] == 8 and strategy["pipeline_model_parallel_size"] == 12
-    assert strategy["virtual_pipeline_model_parallel_size"] == 2 and strategy["sequence_parallel"] is True
-    assert ddp["use_distributed_optimizer"] is True
-    recipe = ns["apply_plan"](fake_recipe())
-    assert recipe.trainer.strategy.pipeline_model_parallel_size == 12
-    assert recipe.data.global_batch_size == 1536 and recipe.data.micro_batch_size == 1
-    assert recipe.model.config.recompute_granularity == "selective"
-    assert recipe.optim.config.use_distributed_optimizer is True
-    assert overrides["data.seq_length"] == 2048
+def test_nemo_gpt3(gpt3, monkeypatch):
+    over, overlap, env, ns = nemo_parts(emit(gpt3, "nemo"))
+    assert over["model.tensor_model_parallel_size"] == 8 and over["model.pipeline_model_parallel_size"] == 12
+    assert over["model.virtual_pipeline_model_parallel_size"] == 2 and over["model.sequence_parallel"] is True
+    assert over["ddp.use_distributed_optimizer"] is True and over["optimizer.use_distributed_optimizer"] is True
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    try:
+        cfg = ns["apply_plan"](fake_config())
+    finally:
+        ns["_restore"]()
+    assert cfg.model.pipeline_model_parallel_size == 12 and cfg.train.global_batch_size == 1536
+    assert cfg.train.micro_batch_size == 1 and cfg.model.recompute_granularity == "selective"
+    assert cfg.dataset.seq_length == 2048 and cfg.mixed_precision == "bf16_mixed"
+    assert cfg.comm_overlap.tp_comm_overlap is False  # the 2022 plan has no TP overlap
+    import os
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 
-def test_nemo_llama405(llama405):
-    strategy, _, overrides, ns = nemo_parts(emit(llama405, "nemo"))
-    assert strategy["pipeline_model_parallel_size"] == 16 and strategy["virtual_pipeline_model_parallel_size"] is None
-    assert overrides["model.config.num_layers_in_first_pipeline_stage"] == 7
-    assert overrides["model.config.num_layers_in_last_pipeline_stage"] == 7
-    assert (overrides["model.config.recompute_method"], overrides["model.config.recompute_num_layers"]) == ("block", 2)
-    with pytest.raises(PlannerError, match="ZeRO-3"):
-        emit(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3), "nemo")
+def test_nemo_llama405_writes_the_uneven_split_as_a_layout(llama405):
+    over, _, _, _ = nemo_parts(emit(llama405, "nemo"))
+    assert over["model.pipeline_model_parallel_size"] == 16 and over["model.virtual_pipeline_model_parallel_size"] \
+        is None
+    layout = over["model.pipeline_model_parallel_layout"]
+    assert layout.split("|")[0] == "Et*7" and layout.split("|")[-1] == "t*7L" and len(layout.split("|")) == 16
+    assert (over["model.recompute_method"], over["model.recompute_num_layers"]) == ("block", 2)
+
+
+def test_nemo_runs_zero3_through_megatron_fsdp_and_deepseek_v3_uneven_chunks():
+    over, _, env, _ = nemo_parts(emit(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3),
+                                      "nemo"))
+    assert over["ddp.use_megatron_fsdp"] is True and over["ddp.data_parallel_sharding_strategy"] == \
+        "optim_grads_params" and over["checkpoint.ckpt_format"] == "fsdp_dtensor"
+    assert env == {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+    with pytest.raises(PlannerError, match="nemo cannot run this plan: ZeRO-3 with pipeline"):
+        emit(config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, zero_stage=3), "nemo")
+    # 61 layers over PP 16 x VPP 2, as Megatron-Bridge's own DeepSeek-V3 recipe splits them with a layout
+    dsv3 = config_only_plan("deepseek-v3", num_gpus=2048, pp=16, vpp=2, ep=64, global_batch_size=4096,
+                            seq_len=4096)
+    over, _, _, _ = nemo_parts(emit(dsv3, "nemo"))
+    assert len(over["model.pipeline_model_parallel_layout"].split("|")) == 32
 
 
 # ----- API and CLI --------------------------------------------------------------------------------------------
@@ -427,10 +471,10 @@ def test_searched_plans_export_for_every_launcher(model, target):
         assert ds["zero_optimization"]["stage"] == par["zero_stage"]
         assert par["pp"] == 1 or par["zero_stage"] <= 1
     else:
-        strategy, _, overrides, _ = nemo_parts(emit(plan, "nemo"))
-        assert strategy["tensor_model_parallel_size"] == par["tp"]
-        assert strategy["pipeline_model_parallel_size"] == par["pp"]
-        assert strategy["context_parallel_size"] == par["cp"] and overrides["data.global_batch_size"] == batch
+        over, _, _, _ = nemo_parts(emit(plan, "nemo"))
+        assert over["model.tensor_model_parallel_size"] == par["tp"]
+        assert over["model.pipeline_model_parallel_size"] == par["pp"]
+        assert over["model.context_parallel_size"] == par["cp"] and over["train.global_batch_size"] == batch
 
 
 def test_launcher_restriction_never_beats_the_full_search():
@@ -515,10 +559,12 @@ def test_every_valid_config_exports_faithfully_or_is_refused(plan):
             assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * \
                 ds["gradient_accumulation_steps"] * par["dp"] == batch["global_batch_size"]
         else:
-            strategy, ddp, overrides, _ = nemo_parts(text)
-            assert strategy["pipeline_model_parallel_size"] == par["pp"]
-            assert (strategy["virtual_pipeline_model_parallel_size"] or 1) == par["vpp"]
-            assert overrides["data.micro_batch_size"] == batch["micro_batch_size"]
+            over, _, _, _ = nemo_parts(text)
+            assert over["model.pipeline_model_parallel_size"] == par["pp"]
+            assert (over["model.virtual_pipeline_model_parallel_size"] or 1) == par["vpp"]
+            assert over["train.micro_batch_size"] == batch["micro_batch_size"]
+            if "model.pipeline_model_parallel_layout" in over:
+                assert len(over["model.pipeline_model_parallel_layout"].split("|")) == par["pp"] * par["vpp"]
 
 
 @pytest.mark.parametrize("per_stage", [None, (0, 0)])
@@ -529,7 +575,7 @@ def test_full_recompute_of_no_layer_exports_as_no_recompute(per_stage):
                             recompute_num_layers=0 if per_stage is None else None,
                             recompute_layers_per_stage=per_stage)
     assert not any(a.startswith("--recompute") for a in megatron.arguments(plan))
-    assert nemo.recipe_overrides(plan)["model.config.recompute_granularity"] is None
+    assert nemo.overrides(plan)["model.recompute_granularity"] is None
     assert "--recompute" not in deepspeed.notes(plan)[0]
     assert torchtitan.sections(plan)["activation_checkpoint"] == {"mode": "none"}
 
@@ -543,7 +589,7 @@ def test_the_searched_tp_comm_overlap_is_what_each_launcher_is_told():
     plan = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, tp_comm_overlap=True)
     assert "--tp-comm-overlap" in megatron.arguments(plan)
     assert torchtitan.sections(plan)["parallelism"]["enable_async_tensor_parallel"] is True
-    assert any("tp_comm_overlap=True" in n for n in nemo.notes(plan))
+    assert nemo.comm_overlap_kwargs(plan)["tp_comm_overlap"] is True
     with pytest.raises(PlannerError, match="deepspeed cannot run this plan.*TP communication overlap"):
         deepspeed.config(plan)
     off = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, tp_comm_overlap=False)
@@ -554,3 +600,39 @@ def test_the_searched_tp_comm_overlap_is_what_each_launcher_is_told():
     assert best.config.tp_comm_overlap == (best.config.tp > 1 and best.config.sequence_parallel)
     ds = plan_for_launcher(model, cluster, 64, 64, 4096, "deepspeed")
     assert not ds.config.tp_comm_overlap
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What Megatron-LM's validate_args and Megatron-DeepSpeed need beyond the parallel layout (issue 11)
+# ---------------------------------------------------------------------------------------------------------------
+def test_megatron_script_sets_the_environment_validate_args_requires():
+    """megatron/training/arguments.py: TP or CP need CUDA_DEVICE_MAX_CONNECTIONS=1 (before Blackwell); Megatron
+    FSDP needs it unset or > 1; the MoE all-to-all overlap wants it larger."""
+    tp = megatron.render(config_only_plan(num_gpus=64, tp=8, global_batch_size=64))
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in tp and "it sets CUDA_DEVICE_MAX_CONNECTIONS" in tp
+    fsdp = megatron.render(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3))
+    assert "unset CUDA_DEVICE_MAX_CONNECTIONS" in fsdp and "export CUDA_DEVICE_MAX_CONNECTIONS" not in fsdp
+    moe = megatron.render(config_only_plan("mixtral-8x7b", num_gpus=64, pp=4, vpp=2, ep=8, global_batch_size=64,
+                                           ep_comm_overlap=True))
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in moe
+    plain = megatron.render(config_only_plan(num_gpus=64, global_batch_size=64))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in plain
+    # the script still parses back to the same arguments
+    assert megatron.parse_rendered(tp) == megatron.arguments(config_only_plan(num_gpus=64, tp=8,
+                                                                              global_batch_size=64))
+
+
+def test_megatron_reduces_gradients_in_the_dtype_the_plan_was_costed_with():
+    bf16 = pairs(megatron.arguments(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, grad_reduce_bytes=2)))
+    assert "--grad-reduce-in-bf16" in bf16 and "--accumulate-allreduce-grads-in-fp32" not in bf16
+    fp32 = pairs(megatron.arguments(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, grad_reduce_bytes=4)))
+    assert "--accumulate-allreduce-grads-in-fp32" in fp32 and "--grad-reduce-in-bf16" not in fp32
+
+
+def test_megatron_deepspeed_runs_zero3_without_the_pipeline_module():
+    """With PP 1 Megatron-DeepSpeed must be told --no-pipeline-parallel, else it builds GPTModelPipe and DeepSpeed
+    asserts that ZeRO-2/3 is incompatible with pipeline parallelism."""
+    note = deepspeed.notes(config_only_plan(num_gpus=64, tp=8, global_batch_size=64, zero_stage=3))[0]
+    assert "--no-pipeline-parallel" in note and "--zero-stage 3" in note
+    piped = deepspeed.notes(config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, zero_stage=1))[0]
+    assert "--no-pipeline-parallel" not in piped

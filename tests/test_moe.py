@@ -336,7 +336,7 @@ def test_exporters_write_the_expert_tp_degree():
     assert plan["parallelism"]["etp"] == 1
     args = megatron.arguments(plan)
     assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"
-    assert nemo.strategy_kwargs(plan)["expert_tensor_parallel_size"] == 1
+    assert nemo.overrides(plan)["model.expert_tensor_parallel_size"] == 1
     assert torchtitan.sections(plan)["parallelism"]["expert_tensor_parallel_degree"] == 1
 
 

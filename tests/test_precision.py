@@ -89,7 +89,7 @@ def test_launchers_are_told_the_precision_or_refuse_it():
     args = megatron.arguments(fp8)
     assert args[args.index("--fp8-format") + 1] == "hybrid" and "--bf16" in args
     assert torchtitan.sections(fp8)["model"] == {"converters": ["float8"]}
-    assert any("fp8='hybrid'" in n for n in nemo.notes(fp8))
+    assert nemo.overrides(fp8)["mixed_precision"] == "bf16_with_fp8_delayed_scaling_mixed"
     with pytest.raises(PlannerError, match="deepspeed cannot run this plan"):
         deepspeed.config(fp8)
     mx = config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, precision="mxfp8")

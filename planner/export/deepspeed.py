@@ -72,6 +72,8 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
     args = [f"--tensor-model-parallel-size {cfg.tp}", f"--pipeline-model-parallel-size {cfg.pp}",
             f"--micro-batch-size {cfg.micro_batch_size}", f"--global-batch-size {cfg.global_batch_size}",
             f"--seq-length {cfg.seq_len}", f"--zero-stage {cfg.zero_stage}"]
+    if cfg.pp == 1:  # else Megatron-DeepSpeed builds GPTModelPipe, and DeepSpeed asserts ZeRO-2/3 is not for pipelines
+        args.append("--no-pipeline-parallel")
     if cfg.cp > 1:
         args.append(f"--ds-sequence-parallel-size {cfg.cp}")
     if cfg.sequence_parallel and cfg.tp > 1:

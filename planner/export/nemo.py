@@ -1,145 +1,145 @@
-"""NeMo 2.0 ``MegatronStrategy`` snippet (and recipe overrides) for a plan.
+"""Megatron-Bridge overrides for a plan: what NeMo users now run LLM pre-training with.
 
-Names follow NeMo 2.0: ``nl.MegatronStrategy(tensor_model_parallel_size, pipeline_model_parallel_size,
-virtual_pipeline_model_parallel_size, context_parallel_size, sequence_parallel, expert_model_parallel_size,
-expert_tensor_parallel_size, ddp=DistributedDataParallelConfig(...))``; recipe fields ``data.micro_batch_size``,
-``data.global_batch_size``, ``data.seq_length``, ``model.config.recompute_granularity/method/num_layers``,
-``model.config.num_layers_in_first/last_pipeline_stage``, ``model.config.cp_comm_type`` and
-``optim.config.use_distributed_optimizer``.
+NeMo 3 moved LLM pre-training out of ``nemo.lightning`` (no ``MegatronStrategy``) into Megatron-Bridge, whose recipes
+build a ``megatron.bridge.training.config.ConfigContainer`` (github NVIDIA-NeMo/Megatron-Bridge, release 26.04,
+``src/megatron/bridge/training/config.py``). The export is a Python snippet with the plan as dotted overrides of that
+container and an ``apply_plan(cfg)`` that sets them on a recipe's config (``llama31_405b_pretrain_config()`` and the
+like), plus the ``CommOverlapConfig`` and the environment the plan needs. Field names: ``model.*`` are Megatron
+Core's ``TransformerConfig`` / ``GPTModelProvider`` (``tensor_model_parallel_size``, ...,
+``pipeline_model_parallel_layout``, ``recompute_*``), ``train.micro_batch_size`` / ``global_batch_size``,
+``dataset.seq_length``, ``ddp.*`` (``DistributedDataParallelConfig``, Megatron FSDP's ``use_megatron_fsdp`` and
+``data_parallel_sharding_strategy``), ``optimizer.use_distributed_optimizer``, ``checkpoint.ckpt_format`` and
+``mixed_precision`` (a preset name of ``megatron/bridge/training/mixed_precision.py``).
 
-NeMo 2.0 trains with Megatron Core, so it refuses what the Megatron-LM exporter refuses (schedules other than
-1F1B and interleaved 1F1B); it also refuses ZeRO-2/3 and uneven pipeline splits other than a different first and
-last stage, which this snippet does not express.
+Megatron-Bridge trains with Megatron Core, so it refuses what the Megatron-LM exporter refuses: schedules other than
+1F1B and interleaved 1F1B, and ZeRO-2/3 (Megatron FSDP) together with pipeline stages. Uneven pipeline splits,
+virtual stages included, are written as Megatron Core's ``pipeline_model_parallel_layout``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from planner.export._common import (PlanView, first_last_split, read_plan, recompute_counts, summary_comment,
-                                    uniform_recompute_count, unsupported)
-from planner.export.megatron import CP_COMM_TYPE, SCHEDULE_SUPPORT
+from planner.errors import PlannerError
+from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
+                                    unsupported)
+from planner.export.megatron import CP_COMM_TYPE, FSDP_SHARDING, _check as _megatron_check, _layout, environment
 
 LAUNCHER = "nemo"
+#: planner precision -> Megatron-Bridge mixed-precision preset (megatron/bridge/training/mixed_precision.py)
+MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed",
+                   "mxfp8": "bf16_with_mxfp8_mixed"}
 
 
 def _check(view: PlanView) -> None:
-    cfg = view.cfg
-    if cfg.pp > 1 and SCHEDULE_SUPPORT.get(cfg.schedule) is None:
-        raise unsupported(LAUNCHER, f"pipeline schedule '{cfg.schedule}' (NeMo 2.0 / Megatron Core runs only 1F1B "
-                                    "and interleaved 1F1B)",
-                          "export to torchtitan, or plan with schedule 1f1b / interleaved-1f1b")
-    if cfg.zero_stage >= 2:
-        raise unsupported(LAUNCHER, f"ZeRO-{cfg.zero_stage}; this export covers DDP and the distributed optimizer "
-                                    "(ZeRO-0/1)", "plan with ZeRO-0 or ZeRO-1, or export to megatron")
-    if cfg.pp > 1 and not view.even_split and (cfg.vpp > 1 or first_last_split(view.layers_per_stage) is None):
-        raise unsupported(LAUNCHER, f"uneven pipeline split {list(view.layers_per_stage)}",
-                          "export to megatron (--pipeline-model-parallel-layout) or torchtitan")
-    if cfg.recompute == "full" and uniform_recompute_count(view) is False:
+    try:
+        _megatron_check(view)
+    except PlannerError as e:  # the same rules, under this launcher's name
+        raise unsupported(LAUNCHER, e.reason.split(": ", 1)[-1], e.fix) from None
+    if view.cfg.recompute == "full" and uniform_recompute_count(view) is False:
         raise unsupported(LAUNCHER, f"a different number of recomputed layers per stage "
                                     f"({list(recompute_counts(view))})",
-                          "model.config.recompute_num_layers is one number for every stage; plan with one count")
+                          "model.recompute_num_layers is one number for every stage; plan with one count")
 
 
-def strategy_kwargs(plan: Any, source: str = "<plan>") -> dict[str, Any]:
-    """Keyword arguments of ``nl.MegatronStrategy`` (without ``ddp``, see ``ddp_kwargs``)."""
+def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
+    """Dotted ``ConfigContainer`` paths -> values."""
     view = read_plan(plan, source)
     _check(view)
     cfg = view.cfg
-    kw: dict[str, Any] = {
-        "tensor_model_parallel_size": cfg.tp,
-        "pipeline_model_parallel_size": cfg.pp,
-        "virtual_pipeline_model_parallel_size": cfg.vpp if cfg.vpp > 1 else None,
-        "context_parallel_size": cfg.cp,
-        "sequence_parallel": bool(cfg.sequence_parallel and cfg.tp > 1),
+    out: dict[str, Any] = {
+        "model.tensor_model_parallel_size": cfg.tp,
+        "model.pipeline_model_parallel_size": cfg.pp,
+        "model.virtual_pipeline_model_parallel_size": cfg.vpp if cfg.vpp > 1 else None,
+        "model.context_parallel_size": cfg.cp,
+        "model.sequence_parallel": bool(cfg.sequence_parallel and cfg.tp > 1),
     }
     if view.is_moe:
-        kw["expert_model_parallel_size"] = cfg.ep
-        kw["expert_tensor_parallel_size"] = cfg.expert_tp
+        out["model.expert_model_parallel_size"] = cfg.ep
+        out["model.expert_tensor_parallel_size"] = cfg.expert_tp
+    if cfg.cp > 1:
+        out["model.cp_comm_type"] = CP_COMM_TYPE[cfg.cp_kind]
+    if cfg.pp > 1 and not view.even_split:
+        out["model.pipeline_model_parallel_layout"] = _layout(view.layers_per_stage)
+    out.update({"model.seq_length": cfg.seq_len, "dataset.seq_length": cfg.seq_len,
+                "train.micro_batch_size": cfg.micro_batch_size, "train.global_batch_size": cfg.global_batch_size})
+    if cfg.recompute == "selective":
+        out["model.recompute_granularity"] = "selective"
+        out["model.recompute_modules"] = cfg.recompute_modules.split(",") if cfg.recompute_modules else []
+    elif cfg.recompute == "full" and uniform_recompute_count(view) != 0:
+        k = uniform_recompute_count(view)
+        out["model.recompute_granularity"] = "full"
+        out["model.recompute_method"] = "uniform" if k is None else "block"
+        out["model.recompute_num_layers"] = 1 if k is None else k
+    else:
+        out["model.recompute_granularity"] = None
+    fsdp = cfg.zero_stage in FSDP_SHARDING
+    out.update({"ddp.use_distributed_optimizer": cfg.zero_stage == 1,
+                "optimizer.use_distributed_optimizer": cfg.zero_stage == 1,
+                "ddp.overlap_grad_reduce": cfg.overlap_grad_reduce,
+                "ddp.overlap_param_gather": bool(cfg.overlap_param_gather and cfg.zero_stage == 1),
+                "ddp.grad_reduce_in_fp32": cfg.grad_reduce_bytes == 4})
+    if fsdp:  # ConfigContainer: "Megatron-FSDP requires the fsdp_dtensor checkpointing format"
+        out.update({"ddp.use_megatron_fsdp": True, "ddp.data_parallel_sharding_strategy": FSDP_SHARDING[cfg.zero_stage],
+                    "checkpoint.ckpt_format": "fsdp_dtensor"})
+    out["mixed_precision"] = MIXED_PRECISION[cfg.precision]
+    return out
+
+
+def comm_overlap_kwargs(plan: Any, source: str = "<plan>") -> dict[str, Any]:
+    """Keyword arguments of Megatron-Bridge's ``CommOverlapConfig`` (TP communication overlap, and the batch-level
+    MoE all-to-all overlap with its deferred weight gradients)."""
+    cfg = read_plan(plan, source).cfg
+    kw: dict[str, Any] = {"tp_comm_overlap": bool(cfg.tp_comm_overlap and cfg.tp > 1)}
+    if cfg.ep_comm_overlap:
+        kw.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
     return kw
 
 
-def ddp_kwargs(plan: Any, source: str = "<plan>") -> dict[str, Any]:
-    """Keyword arguments of Megatron Core's ``DistributedDataParallelConfig``."""
-    cfg = read_plan(plan, source).cfg
-    return {
-        "use_distributed_optimizer": cfg.zero_stage == 1,
-        "overlap_grad_reduce": cfg.overlap_grad_reduce,
-        "overlap_param_gather": bool(cfg.overlap_param_gather and cfg.zero_stage == 1),
-        "grad_reduce_in_fp32": cfg.grad_reduce_bytes == 4,
-    }
-
-
-def recipe_overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
-    """Dotted recipe paths -> values, for a NeMo-Run pretraining recipe."""
-    view = read_plan(plan, source)
-    _check(view)
-    cfg = view.cfg
-    out: dict[str, Any] = {f"trainer.strategy.{k}": v for k, v in strategy_kwargs(plan, source).items()}
-    out.update({f"trainer.strategy.ddp.{k}": v for k, v in ddp_kwargs(plan, source).items()})
-    out.update({"data.micro_batch_size": cfg.micro_batch_size, "data.global_batch_size": cfg.global_batch_size,
-                "data.seq_length": cfg.seq_len, "model.config.seq_length": cfg.seq_len})
-    if cfg.cp > 1:
-        out["model.config.cp_comm_type"] = CP_COMM_TYPE[cfg.cp_kind]
-    if cfg.pp > 1 and not view.even_split:
-        first, last = first_last_split(view.layers_per_stage)
-        out["model.config.num_layers_in_first_pipeline_stage"] = first
-        out["model.config.num_layers_in_last_pipeline_stage"] = last
-    if cfg.recompute == "selective":
-        out["model.config.recompute_granularity"] = "selective"
-        out["model.config.recompute_modules"] = cfg.recompute_modules.split(",") if cfg.recompute_modules else []
-    elif cfg.recompute == "full" and uniform_recompute_count(view) != 0:
-        k = uniform_recompute_count(view)
-        out["model.config.recompute_granularity"] = "full"
-        out["model.config.recompute_method"] = "uniform" if k is None else "block"
-        out["model.config.recompute_num_layers"] = 1 if k is None else k
-    else:
-        out["model.config.recompute_granularity"] = None
-    out["optim.config.use_distributed_optimizer"] = cfg.zero_stage == 1
-    return out
-
-
 def notes(plan: Any, source: str = "<plan>") -> list[str]:
-    cfg = read_plan(plan, source).cfg
-    out = ["set trainer.num_nodes and trainer.devices so that nodes x devices = "
-           f"{cfg.num_gpus} GPUs"]
-    if cfg.tp_comm_overlap and cfg.tp > 1:
-        out.append("TP communication overlap: add MegatronCommOverlapCallback(tp_comm_overlap=True) to the trainer")
-    if cfg.ep_comm_overlap:
-        out.append("MoE all-to-all overlap: set comm_overlap.overlap_moe_expert_parallel_comm = True and "
-                   "comm_overlap.delay_wgrad_compute = True (Megatron-Bridge CommOverlapConfig)")
-    if cfg.precision != "bf16":
-        plugin = {"fp16": "MegatronMixedPrecision(precision='16-mixed')",
-                  "fp8": "MegatronMixedPrecision(precision='bf16-mixed', fp8='hybrid', fp8_recipe='delayed')",
-                  "mxfp8": "MegatronMixedPrecision(precision='bf16-mixed', fp8='e4m3', fp8_recipe='mxfp8')"}
-        out.append(f"{cfg.precision} GEMMs: use the precision plugin {plugin[cfg.precision]}")
+    view = read_plan(plan, source)
+    cfg = view.cfg
+    out = [f"launch on {cfg.num_gpus} GPUs in all (torchrun --nnodes x --nproc-per-node), with the recipe's data, "
+           "tokenizer, optimizer and checkpoint settings"]
+    if not cfg.flash_attention:
+        out.append("the plan assumes an unfused attention kernel (flash_attention = false)")
     return out
 
 
-def _kwargs_block(kw: dict[str, Any], indent: str) -> list[str]:
-    return [f"{indent}{k}={v!r}," for k, v in kw.items()]
+def _dict_block(name: str, d: dict[str, Any]) -> list[str]:
+    return [f"{name} = {{"] + [f"    {k!r}: {v!r}," for k, v in d.items()] + ["}"]
 
 
 def render(plan: Any, source: str = "<plan>") -> str:
     view = read_plan(plan, source)
-    skw, dkw, over = strategy_kwargs(plan, source), ddp_kwargs(plan, source), recipe_overrides(plan, source)
-    lines = ['"""NeMo 2.0 settings generated by planner.', ""]
+    over, overlap, env = overrides(plan, source), comm_overlap_kwargs(plan, source), environment(plan, source)
+    lines = ['"""Megatron-Bridge (NeMo 3 LLM pre-training) settings generated by planner.', ""]
     lines += summary_comment(view)
     lines += [f"note: {n}" for n in notes(plan, source)]
-    lines += ['"""', "", "from megatron.core.distributed import DistributedDataParallelConfig",
-              "from nemo import lightning as nl", "", "strategy = nl.MegatronStrategy("]
-    lines += _kwargs_block(skw, "    ")
-    lines += ["    ddp=DistributedDataParallelConfig("] + _kwargs_block(dkw, "        ") + ["    ),", ")", ""]
-    lines += ["# The same plan as overrides of a NeMo-Run pretraining recipe (dotted attribute paths).",
-              "RECIPE_OVERRIDES = {"]
-    lines += [f"    {k!r}: {v!r}," for k, v in over.items()]
-    lines += ["}", "", "", "def apply_plan(recipe):",
-              '    """Set every override on ``recipe`` (e.g. ``llm.llama31_405b.pretrain_recipe(...)``)."""',
-              "    for path, value in RECIPE_OVERRIDES.items():",
+    lines += ["", "Usage: cfg = apply_plan(<recipe>_pretrain_config(...)), then megatron.bridge.training.pretrain",
+              "(cfg, forward_step); apply_plan sets the environment below before CUDA starts.", '"""', "",
+              "import os", ""]
+    lines += ["# dotted paths of megatron.bridge.training.config.ConfigContainer"]
+    lines += _dict_block("PLAN_OVERRIDES", over) + [""]
+    lines += ["# megatron.bridge.training.comm_overlap.CommOverlapConfig(**COMM_OVERLAP)"]
+    lines += _dict_block("COMM_OVERLAP", overlap) + [""]
+    lines += ["# what Megatron Core's checks need of this plan (None: unset)"]
+    lines += _dict_block("ENVIRONMENT", env) + ["", ""]
+    lines += ["def apply_plan(cfg):",
+              '    """Set the plan on a Megatron-Bridge ConfigContainer (and the process environment); return it."""',
+              "    from megatron.bridge.training.comm_overlap import CommOverlapConfig",
+              "",
+              "    for name, value in ENVIRONMENT.items():",
+              "        if value is None:",
+              "            os.environ.pop(name, None)",
+              "        else:",
+              "            os.environ[name] = value",
+              "    for path, value in PLAN_OVERRIDES.items():",
               "        *parents, leaf = path.split('.')",
-              "        node = recipe",
+              "        node = cfg",
               "        for name in parents:",
               "            node = getattr(node, name)",
               "        setattr(node, leaf, value)",
-              "    return recipe", ""]
+              "    cfg.comm_overlap = CommOverlapConfig(**COMM_OVERLAP)",
+              "    return cfg", ""]
     return "\n".join(lines)

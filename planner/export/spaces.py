@@ -36,14 +36,11 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
                            f"({recompute_modules})", source="--recompute-modules",
                            fix="drop --recompute-modules, or use megatron / nemo (Megatron-Core --recompute-modules)")
     base = SearchSpace(precision=precision, recompute_modules=recompute_modules)
-    if target in ("megatron", "nemo"):
+    if target in ("megatron", "nemo"):  # Megatron-LM, and Megatron-Bridge (NeMo's LLM pre-training): Megatron Core
         schedules = tuple(s for s in base.schedules if megatron.SCHEDULE_SUPPORT.get(s))
-        # NeMo 2's strategy sets only first / last stage layer counts: virtual chunks must be equal there
-        spaces = [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1),
-                          uneven_chunks=base.uneven_chunks if target == "megatron" else 0)]
-        if target == "megatron":  # ZeRO-2/3 through Megatron FSDP, which needs a model without pipeline stages
-            spaces.append(replace(base, max_pp=1))
-        return spaces
+        # ZeRO-2/3 through Megatron FSDP, which needs a model without pipeline stages
+        return [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1)),
+                replace(base, max_pp=1)]
     if target == "torchtitan":  # no batch-level MoE all-to-all overlap in either of the two below
         base = replace(base, ep_comm_overlap=(False,))
         schedules = tuple(s for s in base.schedules if torchtitan.SCHEDULE_NAMES.get(s))
@@ -111,6 +108,7 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     found = []
     reasons = []
     fixes = []
+    refused = []  # plans that fit but the exporter cannot express
     for space in spaces:
         for refine in ((True, False) if refine_partition else (False,)):
             try:
@@ -124,7 +122,7 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
             try:
                 export(plan, target)
             except PlannerError as e:
-                reasons.append(e.reason)
+                refused.append(e.reason)
                 continue  # refused (per-stage recompute, an uneven split): retry with the even split
             found.append(plan)
             break
@@ -133,7 +131,9 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
         fix = "; ".join(f for f in fixes[:1] if f)
         other = "another stack (--stack any: everything the model knows)" if stack is not None else \
             "another launcher (torchtitan runs the most schedules)"
-        raise InfeasibleError(f"no plan that {runner} can run fits: {reasons[0] if reasons else 'empty space'}",
+        why = (f"the best plans that fit cannot be written for {target}: {refused[0]}" if refused and not reasons
+               else f"no plan that {runner} can run fits: {reasons[0] if reasons else 'empty space'}")
+        raise InfeasibleError(why,
                               source=f"{option} {stack.name if stack is not None else target}",
                               fix=f"{fix}; or {other}" if fix else f"{other}, or more GPUs")
     return min(found, key=lambda p: objective_key(p.estimate, objective))
