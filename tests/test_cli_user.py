@@ -165,7 +165,7 @@ def _readable_at_80(out: str) -> None:
     ["sweep", "--model", "llama-3.1-8b,llama-3.1-70b", "--cluster", "h100-80gb-sxm", "--gpus", "64",
      "--global-batch", "128"],
     ["validate", "--set", "all"],
-    ["list", "models"], ["list", "clusters"], ["list", "stacks"],
+    ["list", "models"], ["list", "clusters"], ["list", "stacks"], ["list", "launchers"],
 ])
 def test_tables_read_at_80_columns_without_a_cut_number(args):
     """Issue 11: at 80 columns no cell is cut to '…' (text wraps, numbers keep their width)."""
@@ -181,3 +181,19 @@ def test_explain_reads_at_80_columns(tmp_path):
     r = run(["explain", str(path)], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     _readable_at_80(r.stdout)
+
+
+def test_list_launchers_names_the_releases_the_conformance_check_installs():
+    """`planner list launchers` says which release each exporter targets; for the launchers checked by their own
+    parsers that is the version conformance/requirements.txt pins."""
+    from pathlib import Path
+
+    r = run(["list", "launchers", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert set(rows) == {"megatron", "torchtitan", "deepspeed", "nemo"}
+    pins = dict(line.split("#")[0].strip().split("==") for line in
+                (Path(__file__).parents[1] / "conformance" / "requirements.txt").read_text().splitlines()
+                if "==" in line.split("#")[0])
+    assert pins["deepspeed"] in rows["deepspeed"]["release"] and pins["torchtitan"] in rows["torchtitan"]["release"]
+    assert "conformance" in rows["deepspeed"]["checked_by"] and "Megatron-Bridge" in rows["nemo"]["release"]

@@ -1,4 +1,4 @@
-"""``planner list models|clusters|schedules``: what ships with the planner."""
+"""``planner list models|clusters|schedules|stacks|launchers``: what ships with the planner."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from planner.export import megatron, torchtitan
 from planner.specs.hardware import GB, GIB, TFLOPS, load_cluster, shipped_clusters
 from planner.specs.model import load_model, shipped_models
 
-KINDS = ("models", "clusters", "schedules", "stacks")
+KINDS = ("models", "clusters", "schedules", "stacks", "launchers")
 BILLION = 1e9
 
 
@@ -71,6 +71,20 @@ def schedule_rows() -> list[dict[str, Any]]:
              "launchers": schedule_launchers(s.name), "description": s.description} for s in SCHEDULES.values()]
 
 
+def launcher_rows() -> list[dict[str, Any]]:
+    """The exporters: the release each targets, what it writes, what checks it, and the schedules it runs."""
+    from importlib import import_module
+
+    from planner.export import TARGETS
+    out = []
+    for name in TARGETS:
+        mod = import_module(f"planner.export.{name}")
+        runs = [s for s in SCHEDULES if name in schedule_launchers(s)]
+        out.append({"name": name, "release": mod.RELEASE, "format": mod.FORMAT, "checked_by": mod.CHECKED_BY,
+                    "schedules": ", ".join(runs)})
+    return out
+
+
 def stack_rows() -> list[dict[str, Any]]:
     from planner.specs.stack import DEFAULT_STACK, load_stack, shipped_stacks
 
@@ -91,7 +105,8 @@ def stack_rows() -> list[dict[str, Any]]:
     return out
 
 
-ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_rows, "stacks": stack_rows}
+ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_rows, "stacks": stack_rows,
+        "launchers": launcher_rows}
 #: column key -> (header, format)
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "models": [("name", "name", "{}"), ("params_b", "params (B)", "{:.1f}"), ("layers", "layers", "{}"),
@@ -107,13 +122,15 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "stacks": [("name", "name", "{}"), ("launcher", "launcher", "{}"), ("options", "options", "{}"),
                ("schedules", "schedules", "{}"), ("zero_stages", "ZeRO", "{}"), ("cp_kinds", "CP", "{}"),
                ("moe_overlap", "MoE all-to-all overlap", "{}")],
+    "launchers": [("name", "name", "{}"), ("release", "targets", "{}"), ("format", "writes", "{}"),
+                  ("checked_by", "checked by", "{}"), ("schedules", "schedules", "{}")],
 }
 
 
 @app.command("list")
 @handle_errors
 def list_(
-    what: str = typer.Argument(..., help="models | clusters | schedules | stacks", show_default=False),
+    what: str = typer.Argument(..., help="models | clusters | schedules | stacks | launchers", show_default=False),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table"),
 ) -> None:
     """Show the shipped model specs, hardware profiles, pipeline schedules or training stacks."""
@@ -126,7 +143,7 @@ def list_(
     cols = COLUMNS[what]
     add_columns(t, [header for _, header, _ in cols],
                 text=("name", "type", "GPU", "description", "launchers", "launcher", "options", "schedules", "ZeRO",
-                      "CP", "experts", "virtual stages", "MoE all-to-all overlap"))
+                      "CP", "experts", "virtual stages", "MoE all-to-all overlap", "targets", "writes", "checked by"))
     for row in rows:
         if "error" in row:
             t.add_row(row["name"], f"[red]{row['error']}[/]", *([""] * (len(cols) - 2)))

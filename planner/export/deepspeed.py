@@ -20,6 +20,10 @@ from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 from planner.export._common import read_plan, recompute_counts, uniform_recompute_count, unsupported
 
 LAUNCHER = "deepspeed"
+#: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
+RELEASE = 'DeepSpeed 0.19.8 (+ Megatron-DeepSpeed arguments in the notes)'
+FORMAT = 'JSON config'
+CHECKED_BY = 'DeepSpeedConfig (conformance/)'
 #: bytes per element of the gradient reduction -> DeepSpeed communication_data_type
 COMM_DTYPE = {2: "bf16", 4: "fp32"}
 

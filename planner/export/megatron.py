@@ -23,6 +23,10 @@ from planner.export._common import (PlanView, first_last_split, read_plan, recom
                                     uniform_recompute_count, unsupported)
 
 LAUNCHER = "megatron"
+#: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
+RELEASE = 'Megatron-LM main (megatron/training/arguments.py; Megatron Core 0.16)'
+FORMAT = 'bash array of pretrain_gpt.py arguments + environment'
+CHECKED_BY = 'the names and rules of arguments.py (tests/test_export.py)'
 #: planner schedule name -> how Megatron-LM runs it (None: it cannot)
 SCHEDULE_SUPPORT: dict[str, str | None] = {
     "1f1b": "1F1B (forward_backward_pipelining_without_interleaving)",

@@ -26,6 +26,10 @@ from planner.export._common import (PlanView, read_plan, recompute_counts, summa
 from planner.export.megatron import CP_COMM_TYPE, FSDP_SHARDING, _check as _megatron_check, _layout, environment
 
 LAUNCHER = "nemo"
+#: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
+RELEASE = 'Megatron-Bridge 26.04 (NeMo 3 LLM pre-training)'
+FORMAT = 'Python snippet of ConfigContainer overrides'
+CHECKED_BY = 'the field names of training/config.py (tests/test_export.py)'
 #: planner precision -> Megatron-Bridge mixed-precision preset (megatron/bridge/training/mixed_precision.py)
 MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed",
                    "mxfp8": "bf16_with_mxfp8_mixed"}

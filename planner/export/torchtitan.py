@@ -26,6 +26,10 @@ from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 from planner.export._common import PlanView, read_plan, recompute_counts, summary_comment, unsupported
 
 LAUNCHER = "torchtitan"
+#: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
+RELEASE = 'torchtitan 0.2.2'
+FORMAT = 'TOML job config'
+CHECKED_BY = "its ConfigManager, ParallelDims and torch's pipelining schedules (conformance/)"
 #: planner schedule name -> torch.distributed.pipelining schedule name (None: no equivalent)
 SCHEDULE_NAMES: dict[str, str | None] = {
     "gpipe": "GPipe",
