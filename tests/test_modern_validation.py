@@ -129,12 +129,14 @@ def test_published_layouts_fit_by_the_memory_model_but_the_offloading_ones():
     assert over["MB2511-GB200-Llama3.1-405B-fp8"] < 1.05
 
 
-@pytest.mark.parametrize("profiles,precision", [(("b200-180gb", "gb200-nvl72"), "mxfp8"), (("h100-80gb-sxm",), "fp8")])
-def test_the_fitted_expert_issue_times_are_what_the_fit_computes(profiles, precision):
+@pytest.mark.parametrize("profiles,precision,generalizes", [(("b200-180gb", "gb200-nvl72"), "mxfp8", True),
+                                                              (("h100-80gb-sxm",), "fp8", False)])
+def test_the_fitted_expert_issue_times_are_what_the_fit_computes(profiles, precision, generalizes):
     """The expert GEMM issue time is data with its rows, like the GEMM ratio: each fitted profile stores the fit's
-    value and rows. It generalizes across model families (refit without DeepSeek, or without Qwen3, the left-out
-    family's rows stay within 12%); across sources it cannot be checked on Blackwell, where every row that moves
-    it is from one release (the README says so)."""
+    value and rows. On Blackwell (6 rows) it generalizes across model families (refit without DeepSeek, or without
+    Qwen3, the left-out family's rows stay within 12%); across sources it cannot be checked there, every row that
+    moves it being from one release. On H100 (3 rows, one with fine-grained experts) it does not: refit on
+    DeepSeek-V3 alone the Qwen3 rows are 17-24% off; the README reports both."""
     from planner.specs.hardware import hardware_profiles_dir
     from planner.validation.fit import fit_call
 
@@ -147,7 +149,10 @@ def test_the_fitted_expert_issue_times_are_what_the_fit_computes(profiles, preci
     assert sum(abs(e) for e in f.in_sample) / len(f.in_sample) < 0.08 and max(abs(e) for e in f.in_sample) < 0.15
     left_out = [e for errs in f.lomo.values() for e in errs]
     assert len(f.lomo) >= 2
-    assert sum(abs(e) for e in left_out) / len(left_out) < 0.10 and max(abs(e) for e in left_out) < 0.15
+    if generalizes:
+        assert sum(abs(e) for e in left_out) / len(left_out) < 0.10 and max(abs(e) for e in left_out) < 0.15
+    else:
+        assert max(abs(e) for e in left_out) < 0.30
 
 
 def test_fine_grained_moe_rows_after_the_expert_issue_fit():

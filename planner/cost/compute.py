@@ -214,6 +214,15 @@ def mla_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     return ops
 
 
+def mtp_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:
+    """The input of one multi-token-prediction module (DeepSeek-V3 report Sec. 2.2, Eq. 21): RMSNorm of the main
+    model's hidden state and of the shifted tokens' embedding (a memory-bound pass over 2h, read and written), their
+    concatenation projected 2h -> h (a linear layer, split by TP)."""
+    T, h = cfg.tokens_per_rank, model.hidden_size
+    norms = Op("mtp_norms", "memory", hbm_bytes=ACT_BYTES * T * 2 * (2 * h), bwd_ratio=2.0, weight_grad_fraction=0.0)
+    return [norms] + _linear("mtp_proj", T, 2 * h, h / cfg.tp, cfg)
+
+
 def embedding_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     """Input embedding lookup (memory-bound gather of b*s rows of h)."""
     rows = cfg.tokens_per_rank / sp_degree(cfg)  # with SP the output is scattered along the sequence

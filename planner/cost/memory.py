@@ -227,6 +227,12 @@ def head_activation_bytes(model: ModelSpec, cfg: Config):
                                   cfg.tp)
 
 
+def mtp_projection_activation_bytes(model: ModelSpec, cfg: Config):
+    """One multi-token-prediction module's input kept for backward: the two normalized inputs and their
+    concatenation, 2h + 2h bf16 per token (the block's own activations: ``activation_bytes_per_layer``)."""
+    return cfg.tokens_per_rank * 4 * model.hidden_size * 2
+
+
 def embedding_activation_bytes(model: ModelSpec, cfg: Config):
     """First stage: the embedding output (and its dropout mask for GPT), Korthikanti Sec. 4.3."""
     return cfg.tokens_per_rank * model.hidden_size * (3 if model.dropout else 2) / sp_degree(cfg)
@@ -245,13 +251,31 @@ def layer_params_on_gpu(model: ModelSpec, tp, ep, moe: bool, etp=None):
     return dense, experts / (np.asarray(ep) * etp)
 
 
-def end_params_on_gpu(model: ModelSpec, seq_len: int, tp, num_stages):
+def mtp_params(model: ModelSpec) -> tuple[int, int]:
+    """(dense, routed-expert) parameters of the multi-token-prediction modules (DeepSeek-V3 report Sec. 2.2): per
+    module a transformer block (MoE where the model is), the projection of [norm(h); norm(embedding)] (2h -> h) and
+    its two RMSNorms; the embedding and the LM head are shared with the main model. Not in ``total_params`` (the
+    reports count the main model: DeepSeek-V3's 671B without the 14B of its MTP module)."""
+    if not model.mtp_layers:
+        return 0, 0
+    experts = expert_params_per_layer(model) if model.is_moe else 0
+    block = layer_params(model, moe=model.is_moe) - experts
+    h = model.hidden_size
+    return model.mtp_layers * (block + 2 * h * h + 2 * norm_params(model)), model.mtp_layers * experts
+
+
+def end_params_on_gpu(model: ModelSpec, seq_len: int, tp, num_stages, ep=1, etp=None):
     """(embedding, LM head) parameters on one GPU of the first / last pipeline stage, split by TP (Megatron's
     vocab-parallel embedding and output layer); with tied embeddings and more than one stage the last stage keeps
-    its own copy of the embedding matrix for the LM head (Megatron's shared word embeddings)."""
+    its own copy of the embedding matrix for the LM head (Megatron's shared word embeddings). The last stage also
+    holds the multi-token-prediction modules (Megatron-Core places them with the loss), their experts split over
+    EP x expert TP like any MoE layer's."""
     tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
     head = head_params(model) + np.where(np.asarray(num_stages) > 1, tied_copy, 0)
-    return embedding_params(model, seq_len) / np.asarray(tp), head / np.asarray(tp)
+    mtp_dense, mtp_experts = mtp_params(model)
+    etp = tp if etp is None else etp
+    head_gpu = (head + mtp_dense) / np.asarray(tp) + mtp_experts / (np.asarray(ep) * np.asarray(etp))
+    return embedding_params(model, seq_len) / np.asarray(tp), head_gpu
 
 
 def gathered_layer_params(model: ModelSpec, tp, ep, moe: bool, etp=None):

@@ -14,13 +14,14 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding_ops, head_ops, layer_ops,
-                                  linear_gemm_fwd_s, model_flops_per_step, pass_times, recomputed)
+                                  linear_gemm_fwd_s, model_flops_per_step, mtp_projection_ops, pass_times,
+                                  recomputed)
 from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups,
                                         expert_dp_degree, exposed_s, optimizer_step_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
-                                 model_state_bytes, zero_sharded_params)
+                                 model_state_bytes, mtp_projection_activation_bytes, zero_sharded_params)
 from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
@@ -247,15 +248,28 @@ class EndCost:
 
 def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups) -> EndCost:
     """Embedding and LM head costs (``compute.embedding_ops`` / ``head_ops``, ``memory.embedding_activation_bytes``
-    / ``head_activation_bytes``)."""
+    / ``head_activation_bytes``), and on the last stage the multi-token-prediction modules (DeepSeek-V3 report Sec.
+    2.2; Megatron-Core places them with the loss): per module its projection (``compute.mtp_projection_ops``), one
+    more decoder layer (:func:`layer_costs`, with its TP / EP communication) and one more pass of the shared LM head
+    and loss."""
     emb = pass_times(embedding_ops(model, cfg), cluster.gpu)
     head = pass_times(head_ops(model, cfg), cluster.gpu)
     gather = comm.all_gather_s(cluster, groups.tp, cfg.tokens_per_rank * model.hidden_size * ACT_BYTES)
     head_tp = np.where((np.asarray(cfg.tp) > 1) & np.asarray(cfg.sequence_parallel, dtype=bool), gather, 0.0)
-    return EndCost(emb_fwd_s=emb.fwd_s, emb_bwd_s=emb.bwd_s, head_fwd_s=head.fwd_s,
-                   head_bwd_input_s=head.bwd_input_s, head_bwd_weight_s=head.bwd_weight_s, head_tp_s=head_tp,
-                   act_emb_bytes=embedding_activation_bytes(model, cfg),
-                   head_act_bytes=head_activation_bytes(model, cfg))
+    head_fwd, head_bwd_in, head_bwd_w = head.fwd_s, head.bwd_input_s, head.bwd_weight_s
+    head_act = head_activation_bytes(model, cfg)
+    if model.mtp_layers:
+        n = model.mtp_layers
+        block = layer_costs(model, cluster, cfg, groups, moe=model.is_moe)
+        proj = pass_times(mtp_projection_ops(model, cfg), cluster.gpu)
+        head_fwd = head_fwd + n * (block.fwd_total_s + proj.fwd_s + head.fwd_s)
+        head_bwd_in = head_bwd_in + n * (block.bwd_input_total_s + proj.bwd_input_s + head.bwd_input_s)
+        head_bwd_w = head_bwd_w + n * (block.bwd_weight_s + proj.bwd_weight_s + head.bwd_weight_s)
+        head_act = head_act + n * (block.act_bytes + head_activation_bytes(model, cfg) +
+                                   mtp_projection_activation_bytes(model, cfg))
+    return EndCost(emb_fwd_s=emb.fwd_s, emb_bwd_s=emb.bwd_s, head_fwd_s=head_fwd,
+                   head_bwd_input_s=head_bwd_in, head_bwd_weight_s=head_bwd_w, head_tp_s=head_tp,
+                   act_emb_bytes=embedding_activation_bytes(model, cfg), head_act_bytes=head_act)
 
 
 def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, pp):
@@ -388,7 +402,7 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, etp: int, seq_len: int, nu
     kinds = (False, True) if model.is_moe else (False,)
     per_layer = {moe: tuple(float(x) for x in layer_params_on_gpu(model, tp, ep, moe, etp)) for moe in kinds}
     gathered = {moe: float(gathered_layer_params(model, tp, ep, moe, etp)) for moe in kinds}
-    ends = tuple(float(x) for x in end_params_on_gpu(model, seq_len, tp, num_stages))
+    ends = tuple(float(x) for x in end_params_on_gpu(model, seq_len, tp, num_stages, ep, etp))
     return per_layer, gathered, ends
 
 

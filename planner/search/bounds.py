@@ -215,7 +215,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         moe_dense, expert_pl = layer_params_on_gpu(model, tp, ep, moe=True)
         largest_m = gathered_layer_params(model, tp, ep, moe=True)
     stages = pp * vpp
-    emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages)
+    emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages, ep)
     dp_shard = space.dp * cp
     return GroupTables(
         fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],

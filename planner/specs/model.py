@@ -98,6 +98,9 @@ class ModelSpec:
     #: of Mistral's original config); 0 = every layer attends to the whole causal prefix
     sliding_window: int = 0
     sliding_window_layers: int = 0
+    #: multi-token prediction modules (DeepSeek-V3 report Sec. 2.2, config ``num_nextn_predict_layers``): each one
+    #: more transformer block with its own input projection, sharing the embedding and the LM head, on the last stage
+    mtp_layers: int = 0
     source: str = ""
 
     # ----- derived shapes -------------------------------------------------------------------------------------
@@ -358,6 +361,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             v_head_dim=f.int("v_head_dim", default=0, minimum=0),
             qk_nope_head_dim=f.int("qk_nope_head_dim", default=0, minimum=0),
             sliding_window=window, sliding_window_layers=window_layers if window else 0,
+            mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0),
             source=src,
         )
     else:
