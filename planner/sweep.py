@@ -176,11 +176,15 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
         from planner.export import launcher_spaces
         launcher_spaces(launcher)
     if constraints is not None:  # a set that leaves the stack or launcher nothing fails once, here
-        from planner.export.spaces import launcher_spaces as l_spaces, stack_spaces
+        from planner.export.spaces import launcher_spaces, stack_spaces
         from planner.search.space import SearchSpace
-        from planner.specs.stack import load_stack as l_stack
-        spaces = (stack_spaces(l_stack(stack), launcher, precision) if stack is not None else
-                  l_spaces(launcher, precision=precision) if launcher is not None else [SearchSpace(precision=precision)])
+        from planner.specs.stack import load_stack
+        if stack is not None:
+            spaces = stack_spaces(load_stack(stack), launcher, precision)
+        elif launcher is not None:
+            spaces = launcher_spaces(launcher, precision=precision)
+        else:
+            spaces = [SearchSpace(precision=precision)]
         constraints.narrow(spaces, f"stack {stack}" if stack is not None else launcher or "the search")
     for name, value in restricting.items():
         if value is None:

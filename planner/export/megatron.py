@@ -43,7 +43,8 @@ FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 CP_COMM_TYPE = {"ring": "p2p", "ulysses": "a2a"}
 
 
-def _check(view: PlanView) -> None:
+def check_plan(view: PlanView) -> None:
+    """Refuse what Megatron Core cannot run (shared with the Megatron-Bridge exporter, ``planner.export.nemo``)."""
     cfg = view.cfg
     if cfg.pp > 1 and SCHEDULE_SUPPORT.get(cfg.schedule) is None:
         raise unsupported(LAUNCHER, f"pipeline schedule '{cfg.schedule}' (Megatron-LM runs only 1F1B and "
@@ -56,7 +57,7 @@ def _check(view: PlanView) -> None:
                           "plan with ZeRO-1 (--use-distributed-optimizer) or without pipeline parallelism")
 
 
-def _layout(layers: tuple[int, ...]) -> str:
+def layout_string(layers: tuple[int, ...]) -> str:
     """``--pipeline-model-parallel-layout``: one '|'-separated entry per model chunk in model order (Megatron deals
     chunk i to pipeline rank i mod pp); E = embedding, t*N = N decoder layers, L = loss (final norm + LM head)."""
     parts = []
@@ -113,7 +114,7 @@ def _model_args(view: PlanView) -> list[str]:
 def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     """The plan as a list of ``pretrain_gpt.py`` arguments (flags and values as separate items)."""
     view = read_plan(plan, source)
-    _check(view)
+    check_plan(view)
     cfg = view.cfg
     args = ["--tensor-model-parallel-size", str(cfg.tp), "--pipeline-model-parallel-size", str(cfg.pp),
             "--context-parallel-size", str(cfg.cp)]
@@ -134,7 +135,7 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
             args += ["--decoder-first-pipeline-num-layers", str(first), "--decoder-last-pipeline-num-layers",
                      str(last)]
         else:
-            args += ["--pipeline-model-parallel-layout", _layout(layers)]
+            args += ["--pipeline-model-parallel-layout", layout_string(layers)]
     args += ["--micro-batch-size", str(cfg.micro_batch_size), "--global-batch-size", str(cfg.global_batch_size)]
     if view.model is None:
         args += ["--seq-length", str(cfg.seq_len)]

@@ -23,7 +23,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
                                     unsupported)
-from planner.export.megatron import CP_COMM_TYPE, FSDP_SHARDING, _check as _megatron_check, _layout, environment
+from planner.export.megatron import CP_COMM_TYPE, FSDP_SHARDING, check_plan, environment, layout_string
 
 LAUNCHER = "nemo"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -37,7 +37,7 @@ MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with
 
 def _check(view: PlanView) -> None:
     try:
-        _megatron_check(view)
+        check_plan(view)
     except PlannerError as e:  # the same rules, under this launcher's name
         raise unsupported(LAUNCHER, e.reason.split(": ", 1)[-1], e.fix) from None
     if view.cfg.recompute == "full" and uniform_recompute_count(view) is False:
@@ -64,7 +64,7 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if cfg.cp > 1:
         out["model.cp_comm_type"] = CP_COMM_TYPE[cfg.cp_kind]
     if cfg.pp > 1 and not view.even_split:
-        out["model.pipeline_model_parallel_layout"] = _layout(view.layers_per_stage)
+        out["model.pipeline_model_parallel_layout"] = layout_string(view.layers_per_stage)
     out.update({"model.seq_length": cfg.seq_len, "dataset.seq_length": cfg.seq_len,
                 "train.micro_batch_size": cfg.micro_batch_size, "train.global_batch_size": cfg.global_batch_size})
     if cfg.recompute == "selective":
