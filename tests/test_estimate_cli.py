@@ -53,11 +53,11 @@ def test_validate_command_prints_errors():
 def test_layers_per_stage_takes_megatrons_layout_string():
     """Issue 9: `estimate` expresses every layout a plan holds, also as Megatron's --pipeline-model-parallel-layout
     (the exporter's own strings parse back to the same split)."""
-    from planner.export.megatron import _layout
+    from planner.export.megatron import layout_string
     from planner.specs.config import parse_megatron_layout
 
     split = (1,) + (2,) * 62 + (1,)
-    assert parse_megatron_layout(_layout(split)) == split
+    assert parse_megatron_layout(layout_string(split)) == split
     assert parse_megatron_layout("Et*3|(tt|)*29,m|L") == (3,) + (2,) * 29 + (0, 0)
     base = ["estimate", "--model", "llama-3.1-405b", "--cluster", "h100-80gb-sxm", "--gpus", "1024", "--tp", "8",
             "--pp", "8", "--vpp", "8", "--schedule", "interleaved-1f1b", "--global-batch", "512", "--seq-len",
