@@ -59,6 +59,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             "overlap_param_gather": cfg.overlap_param_gather, "tp_comm_overlap": cfg.tp_comm_overlap,
             "grad_reduce_bytes": cfg.grad_reduce_bytes, "precision": cfg.precision,
             "ep_comm_overlap": cfg.ep_comm_overlap,
+            **({"offload_layers": cfg.offload_layers} if cfg.offload_layers else {}),
         },
     }
 

@@ -118,15 +118,16 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
 
 
 def test_published_layouts_fit_by_the_memory_model_but_the_offloading_ones():
-    """Every modern row ran, so the memory model should let it run. Two do not fit today: the GB200 Llama 3 70B
-    preset offloads 40 layers' activations to the Grace CPU (cpu_offloading_num_layers=40, Megatron-Bridge @
-    00b7660b, scripts/performance/configs/llama/llama3_workload_base_configs.py), which the model does not have,
-    and the GB200 405B row is 3% over. Pinned so a memory change that rejects more real runs shows."""
+    """Every modern row ran, so the memory model should let it run. Two do not fit today, both on GB200 and by
+    little: the Llama 3 70B preset, which offloads 40 layers' activations to the Grace CPU
+    (cpu_offloading_num_layers=40, Megatron-Bridge @ 00b7660b, scripts/performance/configs/llama/
+    llama3_workload_base_configs.py; 322 GiB of 169 before offloading was modelled, 181 now), and the 405B row, 3%
+    over. Pinned so a memory change that rejects more real runs shows."""
     rows = validate_modern()
     assert sorted(r.id for r in rows if r.fits is False) == ["MB2511-GB200-Llama3-70B-fp8",
                                                             "MB2511-GB200-Llama3.1-405B-fp8"]
     over = {r.id: r.peak_memory_gib / r.memory_limit_gib for r in rows if r.fits is False}
-    assert over["MB2511-GB200-Llama3.1-405B-fp8"] < 1.05
+    assert over["MB2511-GB200-Llama3.1-405B-fp8"] < 1.05 and over["MB2511-GB200-Llama3-70B-fp8"] < 1.10
 
 
 @pytest.mark.parametrize("profiles,precision,generalizes", [(("b200-180gb", "gb200-nvl72"), "mxfp8", True),

@@ -96,6 +96,9 @@ def estimate(
     grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
+    offload_layers: int = typer.Option(0, "--offload-layers", help="Layers whose activations go to host memory "
+                                                                   "(Megatron-Core --cpu-offloading-num-layers; "
+                                                                   "pp 1, no recompute)"),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit 1 when the configuration does not fit in "
                                                                   "memory (the estimate is still printed)"),
 ) -> None:
@@ -121,7 +124,7 @@ def estimate(
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
                     precision=precision, layers_per_stage=split, etp=etp, recompute_modules=modules,
-                    ep_comm_overlap=ep_comm_overlap)
+                    ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))

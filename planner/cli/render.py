@@ -19,6 +19,7 @@ TIME_LABELS = {
     "cp_comm_s": "CP comm (exposed)",
     "ep_comm_s": "EP comm (exposed)",
     "pp_comm_s": "PP comm (exposed)",
+    "offload_s": "activation offload (exposed)",
     "dp_comm_s": "DP comm (exposed)",
     "optimizer_s": "optimizer step",
 }

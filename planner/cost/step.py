@@ -59,6 +59,7 @@ class StageEstimate:
     params_expert: float  # expert parameters on this GPU, sharded by ZeRO over DP x CP / EP
     inflight_microbatches: float
     memory_bytes: dict[str, float]
+    offload_s: float = 0.0  # activation transfers to / from host memory that compute does not hide
 
     @property
     def time_per_microbatch_s(self) -> float:
@@ -229,6 +230,40 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
         act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe),
         recompute_flops=np.where(selective, rec_flops, 0.0), fwd_flops=sum(o.flops for o in ops),
         cp_buffer_bytes=cpc.buffer_bytes)
+
+
+@dataclass(frozen=True)
+class OffloadCost:
+    """Activation offloading of one micro-batch (numbers): device bytes it frees and the transfer time compute
+    leaves exposed in forward and backward."""
+
+    saved_bytes: float
+    fwd_exposed_s: float
+    bwd_exposed_s: float
+
+
+def offload_costs(model: ModelSpec, cluster: Cluster, cfg: RunConfig, dense: LayerCost, moe: LayerCost) -> OffloadCost:
+    """Megatron-Core's CPU activation offloading (``cpu_offloading_num_layers``, activations only): the first k
+    layers' saved activations are copied to host memory as each layer's forward ends and copied back ahead of its
+    backward, on a side stream, one layer in flight. Device memory keeps one offloaded layer's activations (the
+    one in transfer) instead of k; each transfer, bytes / host-link bandwidth, hides under the next layer's forward
+    (the previous layer's backward), and what exceeds that layer's time is exposed. Offloaded layers are the first
+    ones: dense before MoE where the model has leading dense layers."""
+    k = cfg.offload_layers
+    n_dense = min(k, model.first_k_dense_layers) if model.is_moe else k
+    bw = cluster.host_link_bytes_per_s
+    saved = fwd = bwd = 0.0
+    kept = 0.0
+    for count, lc in ((n_dense, dense), (k - n_dense, moe)):
+        if count <= 0:
+            continue
+        act = float(lc.act_bytes)
+        t = act / bw
+        saved += count * act
+        kept = max(kept, act)
+        fwd += count * max(0.0, t - float(lc.fwd_total_s))
+        bwd += count * max(0.0, t - float(lc.bwd_input_total_s + lc.bwd_weight_s))
+    return OffloadCost(saved_bytes=saved - kept, fwd_exposed_s=fwd, bwd_exposed_s=bwd)
 
 
 @dataclass(frozen=True)
@@ -453,7 +488,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
             n_full = np.minimum(n, np.asarray(cfg.recompute_layers_per_stage, dtype=float))
     selective = cfg.recompute == "selective"
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
-                                         "ppc", "rflops", "act", "dense_params", "expert_params")}
+                                         "ppc", "rflops", "act", "dense_params", "expert_params", "offc")}
     workspace_j, largest_j = np.zeros(n_stages), np.zeros(n_stages)
     full_left = n_full
     kinds = ((n - n_moe, dense, False),) + (((n_moe, moe, True),) if is_moe_model else ())
@@ -481,6 +516,12 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         q["expert_params"] += count * expert_pl
         q["dense_params"] += count * dense_pl
         largest_j = np.maximum(largest_j, np.where(present, gathered[is_moe], 0.0))
+    if cfg.offload_layers:  # pp = 1 (validity): one chunk holds every layer
+        offloaded = offload_costs(model, cluster, cfg, dense, moe)
+        q["act"][0] -= offloaded.saved_bytes
+        q["fwd"][0] += offloaded.fwd_exposed_s
+        q["bwd_in"][0] += offloaded.bwd_exposed_s
+        q["offc"][0] += offloaded.fwd_exposed_s + offloaded.bwd_exposed_s
     if p > 1:
         q["ppc"] += 2 * p2p_one
         q["fwd"] += p2p_one
@@ -511,7 +552,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     stage_rows = [dict(
         rank=r, layers=tuple(layers[j] for j in chunks[r].tolist()), fwd_s=lists["fwd"][r], bwd_s=bwd_s[r],
         bwd_weight_s=lists["bwd_w"][r], recompute_s=lists["rec"][r], tp_comm_s=lists["tpc"][r],
-        cp_comm_s=lists["cpc"][r], ep_comm_s=lists["epc"][r], pp_comm_s=lists["ppc"][r], compute_s=lists["comp"][r],
+        cp_comm_s=lists["cpc"][r], ep_comm_s=lists["epc"][r], pp_comm_s=lists["ppc"][r],
+        offload_s=lists["offc"][r], compute_s=lists["comp"][r],
         recompute_compute_s=lists["rec_comp"][r], params_dense=lists["dense_params"][r],
         params_expert=lists["expert_params"][r], inflight_microbatches=inflight[r]) for r in range(p)]
 
@@ -552,6 +594,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         "cp_comm_s": m * bott.cp_comm_s,
         "ep_comm_s": m * bott.ep_comm_s,
         "pp_comm_s": m * bott.pp_comm_s,
+        "offload_s": m * bott.offload_s,
         "dp_comm_s": dp_exposed,
         "optimizer_s": opt_s,
     }

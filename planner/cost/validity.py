@@ -137,6 +137,18 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         elif cfg.tp > 1 and not cfg.sequence_parallel:
             out.append(("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism "
                                              "(Megatron-Core MoE); turn it on"))
+    if cfg.offload_layers:  # Megatron-Core TransformerConfig's checks of cpu_offloading
+        if cfg.offload_layers < 0 or cfg.offload_layers >= model.num_layers:
+            out.append(("offload_layers", f"must be 0 to {model.num_layers - 1} (fewer than the model's layers), got "
+                                          f"{cfg.offload_layers}"))
+        elif cfg.pp > 1:
+            out.append(("offload_layers", "activation offloading runs without pipeline stages (Megatron-Core); use "
+                                          "pp=1 or no offloading"))
+        elif cfg.recompute != "none":
+            out.append(("offload_layers", "activation offloading runs without recomputation (Megatron-Core); use "
+                                          "--recompute none"))
+        elif not cluster.host_link_bytes_per_s:
+            out.append(("offload_layers", f"profile {cluster.name} gives no host link (host_link.bandwidth_gb_s)"))
     if cfg.tp_comm_overlap and cfg.tp > 1 and not cfg.sequence_parallel:
         out.append(("tp_comm_overlap", "TP communication overlap needs sequence parallelism (Megatron-Core's "
                                        "--tp-comm-overlap rule); turn sequence parallelism on or the overlap off"))

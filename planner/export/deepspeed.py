@@ -42,6 +42,9 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if cfg.cp > 1 and cfg.cp_kind != "ulysses":
         raise unsupported(LAUNCHER, f"{cfg.cp_kind} context parallelism (DeepSpeed sequence parallelism is "
                                     "Ulysses all-to-all)", "plan with cp_kind ulysses or export to megatron")
+    if cfg.offload_layers:
+        raise unsupported(LAUNCHER, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
+                                    "cpu_offloading_num_layers)", "export to megatron / nemo")
     if cfg.ep_comm_overlap:
         raise unsupported(LAUNCHER, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
                                     "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")

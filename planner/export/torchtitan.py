@@ -113,6 +113,9 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
     """The TOML content as a dict of sections (what ``render`` writes)."""
     view = read_plan(plan, source)
     cfg = view.cfg
+    if cfg.offload_layers:
+        raise unsupported(LAUNCHER, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
+                                    "cpu_offloading_num_layers)", "export to megatron / nemo")
     if cfg.ep_comm_overlap:
         raise unsupported(LAUNCHER, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
                                     "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")

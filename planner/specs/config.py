@@ -94,6 +94,9 @@ class RunConfig:
     precision: str = "bf16"  # GEMM precision of the linear layers (PRECISIONS)
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
+    #: decoder layers whose saved activations go to host memory during forward and come back for backward
+    #: (Megatron-Core's cpu_offloading_num_layers: activations only, no pipeline stages, no recomputation)
+    offload_layers: int = 0
 
     # ----- derived --------------------------------------------------------------------------------------------
     @property

@@ -28,6 +28,9 @@ US = 1e-6
 #: largest number accepted in a profile, in the unit its key names: no real TFLOP/s, GiB, GB/s, TB/s or us value
 #: comes near it, and larger ones overflow to infinity once converted to SI units
 MAX_PROFILE_NUMBER = 1e12
+#: smallest positive number accepted where a field must be positive: no real peak, bandwidth or efficiency comes
+#: near it, and smaller ones make a step time overflow to infinity
+MIN_PROFILE_NUMBER = 1e-6
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class Cluster:
     source: str = ""
     #: the collective library's own cost model (NCCL's tuner constants), ``collectives/*.json``
     collectives: CollectiveLibrary = field(default_factory=load_collective_library)
+    #: one GPU's link to host memory, per direction (PCIe, NVLink-C2C); 0 where the profile gives none
+    host_link_bytes_per_s: float = 0.0
 
 
 def hardware_profiles_dir() -> Path:
@@ -168,6 +173,9 @@ def _num(d: Any, key: str, source: str, section: str, *, positive: bool = True, 
     if positive and value <= 0 or not positive and value < 0:
         raise PlannerError(f"must be {'> 0' if positive else '>= 0'}, got {value}", source=source,
                            field=f"{section}.{key}")
+    if positive and value < MIN_PROFILE_NUMBER:
+        raise PlannerError(f"must be >= {MIN_PROFILE_NUMBER:g}, got {value!r:.40}", source=source,
+                           field=f"{section}.{key}", fix="values are in the unit the key names (TFLOP/s, GiB, GB/s)")
     if maximum is not None and value > maximum:
         raise PlannerError(f"must be <= {maximum}, got {value}", source=source, field=f"{section}.{key}")
     return float(value)
@@ -194,7 +202,7 @@ def _curve(d: Any, source: str, section: str) -> EfficiencyCurve:
     xs, ys = [], []
     for i, p in enumerate(pts):
         if (not isinstance(p, list) or len(p) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                              for v in p) or not 0 < p[0] <= MAX_PROFILE_NUMBER or not 0 < p[1] <= 1):
+                                                              for v in p) or not 0 < p[0] <= MAX_PROFILE_NUMBER or not MIN_PROFILE_NUMBER <= p[1] <= 1):
             raise PlannerError(f"point {i} must be [gemm_gflop > 0, efficiency in (0, 1]], got {p!r}",
                                source=source, field=f"{section}.points")
         xs.append(math.log10(p[0] * 1e9))
@@ -266,6 +274,8 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         inter_node=_link(data.get("inter_node"), source, "inter_node"),
         max_gpus=max_gpus, source=str(data.get("source", "")),
         collectives=load_collective_library(_library_name(data, source)),
+        host_link_bytes_per_s=(_num(data["host_link"], "bandwidth_gb_s", source, "host_link") * GB
+                               if "host_link" in data else 0.0),
     )
 
 

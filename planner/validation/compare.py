@@ -171,6 +171,8 @@ def estimate_command(run: dict) -> str:
             parts.append(f"--{flag}" if value else f"--no-{flag}")
     if cfg.layers_per_stage is not None:
         parts.append("--layers-per-stage " + ",".join(map(str, cfg.layers_per_stage)))
+    if cfg.offload_layers:
+        parts.append(f"--offload-layers {cfg.offload_layers}")
     return " ".join(parts)
 
 
