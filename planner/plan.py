@@ -60,6 +60,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             "grad_reduce_bytes": cfg.grad_reduce_bytes, "precision": cfg.precision,
             "ep_comm_overlap": cfg.ep_comm_overlap,
             **({"offload_layers": cfg.offload_layers} if cfg.offload_layers else {}),
+            **({} if cfg.fused_cross_entropy else {"fused_cross_entropy": False}),
         },
     }
 

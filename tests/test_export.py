@@ -39,7 +39,8 @@ MEGATRON_FLAGS = {
     "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
     "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16", "--fp16",
-    "--fp8-format", "--fp8-recipe", "--grad-reduce-in-bf16", "--ckpt-format",
+    "--fp8-format", "--fp8-recipe", "--grad-reduce-in-bf16", "--ckpt-format", "--cross-entropy-loss-fusion",
+    "--cpu-offloading-num-layers",
 }
 TORCHTITAN_KEYS = {
     "training": {"local_batch_size", "global_batch_size", "seq_len"},
@@ -304,7 +305,8 @@ BRIDGE_PATHS = {
     "train.global_batch_size", "model.recompute_granularity", "model.recompute_modules", "model.recompute_method",
     "model.recompute_num_layers", "ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer",
     "ddp.overlap_grad_reduce", "ddp.overlap_param_gather", "ddp.grad_reduce_in_fp32", "ddp.use_megatron_fsdp",
-    "ddp.data_parallel_sharding_strategy", "checkpoint.ckpt_format", "mixed_precision"}
+    "ddp.data_parallel_sharding_strategy", "checkpoint.ckpt_format", "mixed_precision",
+    "model.cross_entropy_loss_fusion", "model.cpu_offloading", "model.cpu_offloading_num_layers"}
 #: Megatron-Bridge mixed-precision presets the export may name (megatron/bridge/training/mixed_precision.py)
 BRIDGE_PRECISIONS = {"bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed"}
 BRIDGE_OVERLAP = {"tp_comm_overlap", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute"}

@@ -81,3 +81,31 @@ def test_exports_and_cli():
     assert d["options"]["offload_layers"] == 40 and "offload_s" in d["estimate"]["breakdown"]
     from planner.plan import config_from_dict
     assert config_from_dict(d).offload_layers == 40
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss's cross-entropy, fused or Megatron-Core's unfused passes (core_r0.8.0 cross_entropy.py)
+# ---------------------------------------------------------------------------------------------------------------
+def test_unfused_cross_entropy_moves_52_bytes_per_logit_and_exports_say_which():
+    from planner.cost.compute import head_ops, pass_times
+    from tests.test_export import config_only_plan, pairs
+
+    model = load_model("llama-3.1-8b")
+    fused = RunConfig(num_gpus=8, global_batch_size=8, seq_len=4096)
+    unfused = fused.with_(fused_cross_entropy=False)
+    logits = 4096 * model.vocab_size
+
+    def ce_bytes(cfg):
+        ops = [o for o in head_ops(model, cfg) if o.name.startswith("cross_entropy")]
+        return sum(float(o.hbm_bytes) * (1 + o.bwd_ratio) for o in ops)
+
+    assert ce_bytes(fused) == pytest.approx(24 * logits)  # fp32: about three passes each way
+    assert ce_bytes(unfused) == pytest.approx(52 * logits)  # forward 38 + backward 14, pass by pass
+    h100 = load_cluster("h100-80gb-sxm")
+    assert pass_times(head_ops(model, unfused), h100.gpu).fwd_s > pass_times(head_ops(model, fused), h100.gpu).fwd_s
+    plan = config_only_plan(num_gpus=64, tp=8, global_batch_size=64)
+    assert "--cross-entropy-loss-fusion" in pairs(megatron.arguments(plan))
+    assert nemo.overrides(plan)["model.cross_entropy_loss_fusion"] is True
+    off = config_only_plan(num_gpus=64, tp=8, global_batch_size=64, fused_cross_entropy=False)
+    assert "--cross-entropy-loss-fusion" not in pairs(megatron.arguments(off))
+    assert nemo.overrides(off)["model.cross_entropy_loss_fusion"] is False

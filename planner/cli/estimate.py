@@ -96,6 +96,9 @@ def estimate(
     grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
+    fused_cross_entropy: bool = typer.Option(True, "--fused-cross-entropy/--no-fused-cross-entropy",
+                                             help="Loss cross-entropy fused (Megatron --cross-entropy-loss-fusion) "
+                                                  "or Megatron-Core's unfused passes"),
     offload_layers: int = typer.Option(0, "--offload-layers", help="Layers whose activations go to host memory "
                                                                    "(Megatron-Core --cpu-offloading-num-layers; "
                                                                    "pp 1, no recompute)"),
@@ -124,7 +127,8 @@ def estimate(
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
                     precision=precision, layers_per_stage=split, etp=etp, recompute_modules=modules,
-                    ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers)
+                    ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers,
+                    fused_cross_entropy=fused_cross_entropy)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))

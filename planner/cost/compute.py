@@ -230,16 +230,29 @@ def embedding_ops(model: ModelSpec, cfg: Config) -> list[Op]:
                weight_grad_fraction=1.0)]
 
 
+#: HBM bytes per logit of Megatron-Core's unfused vocab-parallel cross-entropy beyond the fused one's 12 + 12
+#: (megatron/core/tensor_parallel/cross_entropy.py at core_r0.8.0, pass by pass: forward the fp32 copy of the bf16
+#: logits 2 + 4, max 4, subtract in place 4 + 4, exp in place 4 + 4, sum 4, divide in place 4 + 4 = 38; backward the
+#: in-place scale by the loss gradient 4 + 4 and the bf16 cast for the LM head 4 + 2 = 14)
+UNFUSED_CE_EXTRA_FWD_BYTES = 38 - 3 * LOGIT_BYTES
+UNFUSED_CE_EXTRA_BWD_BYTES = 14 - 3 * LOGIT_BYTES
+
+
 def head_ops(model: ModelSpec, cfg: Config) -> list[Op]:
-    """Final norm, LM head GEMM (2*b*s*h*V, Narayanan Eq. 3's V/(16Lh) term) and the fp32 cross-entropy."""
+    """Final norm, LM head GEMM (2*b*s*h*V, Narayanan Eq. 3's V/(16Lh) term) and the fp32 cross-entropy: fused
+    (``cfg.fused_cross_entropy``, Megatron --cross-entropy-loss-fusion) it writes and re-reads the fp32 logits in
+    about three passes each way; unfused it pays the extra passes of :data:`UNFUSED_CE_EXTRA_FWD_BYTES`."""
     T = cfg.tokens_per_rank
     h, V = model.hidden_size, model.vocab_size
     logits_elems = T * V / cfg.tp
+    unfused = ~np.asarray(cfg.fused_cross_entropy, dtype=bool)
     return [
         _gemm("lm_head", T, h, V / cfg.tp),
-        # cross-entropy: write fp32 logits, max/sum/softmax passes, gradient write (fused Megatron kernel)
         Op("cross_entropy", "memory", hbm_bytes=LOGIT_BYTES * logits_elems * 3, bwd_ratio=1.0,
            weight_grad_fraction=0.0),
+        Op("cross_entropy_unfused", "memory", hbm_bytes=np.where(unfused, UNFUSED_CE_EXTRA_FWD_BYTES * logits_elems,
+                                                                 0.0),
+           bwd_ratio=UNFUSED_CE_EXTRA_BWD_BYTES / UNFUSED_CE_EXTRA_FWD_BYTES, weight_grad_fraction=0.0),
     ]
 
 

@@ -321,14 +321,14 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
 
 
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
-               epo) -> tuple:
+               epo, fused_ce=True) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
     schedule, layer and recompute splits, DP options, the DP placement and the pipeline link -- none of which a
     layer's kernels, activations or TP / CP / EP communication read."""
     return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
-            precision, etp, modules if selective else "", bool(epo and ep > 1))
+            precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce))
 
 
 class LayerCostCache:
@@ -363,7 +363,8 @@ class LayerCostCache:
     def _key(cfg: RunConfig) -> tuple:
         return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
                           cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
-                          cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap)
+                          cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
+                          cfg.fused_cross_entropy)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         return self._get(model, cluster, self._key(cfg) + (moe,),

@@ -175,6 +175,8 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         args.append("--accumulate-allreduce-grads-in-fp32")
     elif cfg.precision != "fp16":  # with --bf16 Megatron reduces in fp32 unless told otherwise
         args.append("--grad-reduce-in-bf16")
+    if cfg.fused_cross_entropy:  # off by default in Megatron-LM: the plan was costed with the fused loss
+        args.append("--cross-entropy-loss-fusion")
     if cfg.offload_layers:  # arguments.py: a count > 0 turns cpu_offloading on (activations only by default)
         args += ["--cpu-offloading-num-layers", str(cfg.offload_layers)]
     args += _model_args(view)

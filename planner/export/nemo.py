@@ -86,6 +86,7 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if fsdp:  # ConfigContainer: "Megatron-FSDP requires the fsdp_dtensor checkpointing format"
         out.update({"ddp.use_megatron_fsdp": True, "ddp.data_parallel_sharding_strategy": FSDP_SHARDING[cfg.zero_stage],
                     "checkpoint.ckpt_format": "fsdp_dtensor"})
+    out["model.cross_entropy_loss_fusion"] = cfg.fused_cross_entropy
     if cfg.offload_layers:
         out.update({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": cfg.offload_layers})
     out["mixed_precision"] = MIXED_PRECISION[cfg.precision]

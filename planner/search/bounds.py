@@ -253,7 +253,7 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
                                     precision=space.precision, expert_tp=t,  # the search keeps expert TP = TP
                                     recompute_modules=space.recompute_modules,
-                                    ep_comm_overlap=epo.astype(bool))
+                                    ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

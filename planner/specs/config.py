@@ -97,6 +97,9 @@ class RunConfig:
     #: decoder layers whose saved activations go to host memory during forward and come back for backward
     #: (Megatron-Core's cpu_offloading_num_layers: activations only, no pipeline stages, no recomputation)
     offload_layers: int = 0
+    #: the loss's vocab-parallel cross-entropy fused into a few kernels (Megatron --cross-entropy-loss-fusion, on in
+    #: Megatron-Bridge / NeMo recipes); False: Megatron-Core's unfused path of separate elementwise passes
+    fused_cross_entropy: bool = True
 
     # ----- derived --------------------------------------------------------------------------------------------
     @property
@@ -136,7 +139,7 @@ class RunConfig:
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
-                "ep_comm_overlap")
+                "ep_comm_overlap", "fused_cross_entropy")
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,6 +165,7 @@ class ConfigBatch:
     expert_tp: np.ndarray
     recompute_modules: np.ndarray
     ep_comm_overlap: np.ndarray
+    fused_cross_entropy: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -172,7 +176,8 @@ class ConfigBatch:
         arrays = np.broadcast_arrays(*(np.asarray(cols[f]) for f in LAYER_FIELDS))
         kinds = {"tp": np.int64, "cp": np.int64, "ep": np.int64, "micro_batch_size": np.int64, "seq_len": np.int64,
                  "expert_tp": np.int64,
-                 "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool}
+                 "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
+                 "fused_cross_entropy": bool}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 
