@@ -71,6 +71,17 @@ def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
                         fix=f"{fix}; `planner plan ... --emit {launcher}` searches only what {launcher} runs")
 
 
+def refuse_megatron_core_only(launcher: str, cfg: RunConfig) -> None:
+    """Refuse what only Megatron Core runs (for the launchers that are not Megatron Core): CPU activation
+    offloading and the batch-level overlap of the MoE all-to-alls."""
+    if cfg.offload_layers:
+        raise unsupported(launcher, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
+                                    "cpu_offloading_num_layers)", "export to megatron / nemo")
+    if cfg.ep_comm_overlap:
+        raise unsupported(launcher, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
+                                    "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
+
+
 def summary_comment(view: PlanView) -> list[str]:
     """One or two human lines naming the plan and its estimate, for the header of an exported file."""
     cfg = view.cfg

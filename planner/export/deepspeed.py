@@ -17,7 +17,8 @@ import json
 from typing import Any
 
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
-from planner.export._common import read_plan, recompute_counts, uniform_recompute_count, unsupported
+from planner.export._common import (read_plan, recompute_counts, refuse_megatron_core_only, uniform_recompute_count,
+                                    unsupported)
 
 LAUNCHER = "deepspeed"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -42,12 +43,7 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if cfg.cp > 1 and cfg.cp_kind != "ulysses":
         raise unsupported(LAUNCHER, f"{cfg.cp_kind} context parallelism (DeepSpeed sequence parallelism is "
                                     "Ulysses all-to-all)", "plan with cp_kind ulysses or export to megatron")
-    if cfg.offload_layers:
-        raise unsupported(LAUNCHER, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
-                                    "cpu_offloading_num_layers)", "export to megatron / nemo")
-    if cfg.ep_comm_overlap:
-        raise unsupported(LAUNCHER, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
-                                    "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
+    refuse_megatron_core_only(LAUNCHER, cfg)
     if cfg.tp_comm_overlap and cfg.tp > 1:
         raise unsupported(LAUNCHER, "TP communication overlap (Megatron-Core's --tp-comm-overlap; Megatron-DeepSpeed "
                                     "has no such option)", "plan for deepspeed (--emit deepspeed), or export to "

@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
-from planner.export._common import PlanView, read_plan, recompute_counts, summary_comment, unsupported
+from planner.export._common import (PlanView, read_plan, recompute_counts, refuse_megatron_core_only,
+                                    summary_comment, unsupported)
 
 LAUNCHER = "torchtitan"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -113,12 +114,7 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
     """The TOML content as a dict of sections (what ``render`` writes)."""
     view = read_plan(plan, source)
     cfg = view.cfg
-    if cfg.offload_layers:
-        raise unsupported(LAUNCHER, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
-                                    "cpu_offloading_num_layers)", "export to megatron / nemo")
-    if cfg.ep_comm_overlap:
-        raise unsupported(LAUNCHER, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
-                                    "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
+    refuse_megatron_core_only(LAUNCHER, cfg)
     if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         raise unsupported(LAUNCHER, f"selective recomputation of {cfg.recompute_modules} (torchtitan's selective "
                                     "activation checkpointing picks ops by its own policy, not Megatron's modules)",
