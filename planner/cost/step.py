@@ -281,12 +281,13 @@ class EndCost:
     head_act_bytes: float | np.ndarray
 
 
-def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups) -> EndCost:
+def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups,
+              block: LayerCost | None = None) -> EndCost:
     """Embedding and LM head costs (``compute.embedding_ops`` / ``head_ops``, ``memory.embedding_activation_bytes``
     / ``head_activation_bytes``), and on the last stage the multi-token-prediction modules (DeepSeek-V3 report Sec.
     2.2; Megatron-Core places them with the loss): per module its projection (``compute.mtp_projection_ops``), one
-    more decoder layer (:func:`layer_costs`, with its TP / EP communication) and one more pass of the shared LM head
-    and loss."""
+    more decoder layer (:func:`layer_costs`, with its TP / EP communication; ``block``, where the caller already
+    has that layer's costs) and one more pass of the shared LM head and loss."""
     emb = pass_times(embedding_ops(model, cfg), cluster.gpu)
     head = pass_times(head_ops(model, cfg), cluster.gpu)
     gather = comm.all_gather_s(cluster, groups.tp, cfg.tokens_per_rank * model.hidden_size * ACT_BYTES)
@@ -295,7 +296,8 @@ def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Grou
     head_act = head_activation_bytes(model, cfg)
     if model.mtp_layers:
         n = model.mtp_layers
-        block = layer_costs(model, cluster, cfg, groups, moe=model.is_moe)
+        if block is None:
+            block = layer_costs(model, cluster, cfg, groups, moe=model.is_moe)
         proj = pass_times(mtp_projection_ops(model, cfg), cluster.gpu)
         head_fwd = head_fwd + n * (block.fwd_total_s + proj.fwd_s + head.fwd_s)
         head_bwd_in = head_bwd_in + n * (block.bwd_input_total_s + proj.bwd_input_s + head.bwd_input_s)
@@ -371,8 +373,9 @@ class LayerCostCache:
                          lambda: _floats(layer_costs(model, cluster, cfg, groups, moe)))
 
     def end(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups) -> EndCost:
+        block = self.layer(model, cluster, cfg, groups, model.is_moe) if model.mtp_layers else None
         return self._get(model, cluster, self._key(cfg) + ("end",),
-                         lambda: _floats(end_costs(model, cluster, cfg, groups)))
+                         lambda: _floats(end_costs(model, cluster, cfg, groups, block)))
 
     def seed(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, costs: "BatchCosts", i: int) -> None:
         """Enter row ``i`` of a batch's costs (:func:`batch_costs`) as configuration ``cfg``'s, whose layer key
@@ -398,9 +401,10 @@ def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> Batch
     """:func:`layer_costs` and :func:`end_costs` of a batch in one pass, its groups placed by
     ``comm.groups_for``."""
     groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
-    return BatchCosts(dense=layer_costs(model, cluster, batch, groups, moe=False),
-                      moe=layer_costs(model, cluster, batch, groups, moe=True) if model.is_moe else None,
-                      ends=end_costs(model, cluster, batch, groups), groups=groups)
+    dense = layer_costs(model, cluster, batch, groups, moe=False)
+    moe = layer_costs(model, cluster, batch, groups, moe=True) if model.is_moe else None
+    return BatchCosts(dense=dense, moe=moe, groups=groups,
+                      ends=end_costs(model, cluster, batch, groups, moe if model.is_moe else dense))
 
 
 #: the cost model's memo of single configurations' layer costs (filled by estimate() and the search)
