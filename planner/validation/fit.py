@@ -55,36 +55,46 @@ class Fit:
     lomo: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
-def _with_ratio(cluster, precision: str, ratio: float):
-    ratios = dict(cluster.gpu.low_precision_gemm_efficiency)
-    ratios[precision] = float(ratio)
-    return replace(cluster, gpu=replace(cluster.gpu, low_precision_gemm_efficiency=tuple(sorted(ratios.items()))))
+@dataclass(frozen=True)
+class _Param:
+    """A fitted per-precision GPU parameter: its ``GPU`` field, the grid tried and the grid's unit in SI."""
+
+    field: str
+    grid: np.ndarray
+    unit: float = 1.0
 
 
-def _with_call(cluster, precision: str, us: float):
-    calls = dict(cluster.gpu.expert_gemm_call_s)
-    calls[precision] = float(us) * 1e-6
-    return replace(cluster, gpu=replace(cluster.gpu, expert_gemm_call_s=tuple(sorted(calls.items()))))
+RATIO = _Param("low_precision_gemm_efficiency", GRID)
+CALL = _Param("expert_gemm_call_s", CALL_GRID_US, 1e-6)
 
 
-def _errors(runs: list[dict], cluster, precision: str, ratio: float) -> list[float]:
-    c = _with_ratio(cluster, precision, ratio)
-    return [evaluate_modern_run(r, cluster=c).error for r in runs]
+def _with(cluster, param: _Param, precision: str, value: float):
+    """``cluster`` with ``param`` of ``precision`` set to ``value`` (in the grid's unit)."""
+    values = dict(getattr(cluster.gpu, param.field))
+    values[precision] = float(value) * param.unit
+    return replace(cluster, gpu=replace(cluster.gpu, **{param.field: tuple(sorted(values.items()))}))
 
 
-def _call_errors(runs: list[dict], precision: str, us: float) -> list[float]:
-    return [evaluate_modern_run(r, cluster=_with_call(load_cluster(r["cluster"]), precision, us)).error
+def _errors(runs: list[dict], param: _Param, precision: str, value: float) -> list[float]:
+    """Signed errors of ``runs``, each on its own profile with ``param`` set to ``value``."""
+    return [evaluate_modern_run(r, cluster=_with(load_cluster(r["cluster"]), param, precision, value)).error
             for r in runs]
 
 
-def _best(runs: list[dict], cluster, precision: str) -> float:
-    scores = [statistics.mean(abs(e) for e in _errors(runs, cluster, precision, x)) for x in GRID]
-    return float(GRID[int(np.argmin(scores))])
+def _best(runs: list[dict], param: _Param, precision: str) -> float:
+    scores = [statistics.mean(abs(e) for e in _errors(runs, param, precision, x)) for x in param.grid]
+    return float(param.grid[int(np.argmin(scores))])
 
 
-def _best_call(runs: list[dict], precision: str) -> float:
-    scores = [statistics.mean(abs(e) for e in _call_errors(runs, precision, x)) for x in CALL_GRID_US]
-    return float(CALL_GRID_US[int(np.argmin(scores))])
+def _left_out(runs: list[dict], key, param: _Param, precision: str) -> dict[str, tuple[float, ...]]:
+    """Per group of ``key`` (a source, a model family): its rows' errors at the value refit on the other rows
+    (groups whose removal leaves nothing are skipped)."""
+    out = {}
+    for k in sorted({key(r) for r in runs}):
+        rest = [r for r in runs if key(r) != k]
+        if rest:
+            out[k] = tuple(_errors([r for r in runs if key(r) == k], param, precision, _best(rest, param, precision)))
+    return out
 
 
 def _is_moe(run: dict) -> bool:
@@ -118,36 +128,19 @@ def family_of(run: dict) -> str:
 
 def fit(profile: str, precision: str) -> Fit:
     runs = fitting_rows(profile, precision)
-    cluster = load_cluster(profile)
-    value = _best(runs, cluster, precision)
-    loso = {}
-    for src in sorted({source_of(r) for r in runs}):
-        rest = [r for r in runs if source_of(r) != src]
-        if not rest:
-            continue
-        left = [r for r in runs if source_of(r) == src]
-        loso[src] = tuple(_errors(left, cluster, precision, _best(rest, cluster, precision)))
-    return Fit(profile, precision, value, tuple(r["id"] for r in runs),
-               tuple(_errors(runs, cluster, precision, value)), loso)
-
-
-def _left_out(runs: list[dict], key, precision: str) -> dict[str, tuple[float, ...]]:
-    out = {}
-    for k in sorted({key(r) for r in runs}):
-        rest = [r for r in runs if key(r) != k]
-        if rest:
-            out[k] = tuple(_call_errors([r for r in runs if key(r) == k], precision, _best_call(rest, precision)))
-    return out
+    value = _best(runs, RATIO, precision)
+    return Fit(profile, precision, value, tuple(r["id"] for r in runs), tuple(_errors(runs, RATIO, precision, value)),
+               _left_out(runs, source_of, RATIO, precision))
 
 
 def fit_call(profiles: tuple[str, ...], precision: str) -> Fit:
     """The expert GEMM issue time (microseconds) of these profiles and precision, with leave-one-source-out and
     leave-one-model-family-out errors (each left-out group scored at the value refit on the rest)."""
     runs = call_fitting_rows(profiles, precision)
-    value = _best_call(runs, precision)
+    value = _best(runs, CALL, precision)
     return Fit("+".join(profiles), precision, value, tuple(r["id"] for r in runs),
-               tuple(_call_errors(runs, precision, value)), _left_out(runs, source_of, precision),
-               _left_out(runs, family_of, precision))
+               tuple(_errors(runs, CALL, precision, value)), _left_out(runs, source_of, CALL, precision),
+               _left_out(runs, family_of, CALL, precision))
 
 
 def _pct(errors) -> str:
