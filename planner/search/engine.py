@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -339,8 +339,8 @@ MAX_GPU_DOUBLINGS = 8
 
 def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, global_batch: int, seq_len: int,
                 limit: float, max_memory_gib: float | None, space: SearchSpace, stats: dict) -> InfeasibleError:
-    if not len(sp.groups) and _constrained(space):
-        free = group_rows(model, cluster, num_gpus, global_batch, seq_len, _unconstrained(space))
+    if not len(sp.groups) and any(v is not None for v in space.value_constraints):
+        free = group_rows(model, cluster, num_gpus, global_batch, seq_len, space.without_value_constraints())
         if len(free):
             valid = "; ".join(f"{label} {','.join(map(str, np.unique(free[:, G[col]]).tolist()))}"
                               for label, col in (("TP", "tp"), ("PP", "pp"), ("CP", "cp"), ("EP", "ep"), ("VPP", "vpp"),
@@ -370,16 +370,6 @@ def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, gl
     if seq_len > 2048:
         fixes.append("or a shorter --seq-len")
     return InfeasibleError(msg, source="plan", fix="; ".join(fixes))
-
-
-def _constrained(space: SearchSpace) -> bool:
-    return any(v is not None for v in (space.tp_values, space.pp_values, space.cp_values, space.ep_values,
-                                       space.vpp_values, space.micro_batch_sizes))
-
-
-def _unconstrained(space: SearchSpace) -> SearchSpace:
-    return replace(space, tp_values=None, pp_values=None, cp_values=None, ep_values=None, vpp_values=None,
-                   micro_batch_sizes=None)
 
 
 #: how many candidate GPU counts, nearest first, are tried when none of the request's layouts divides the batch

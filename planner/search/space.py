@@ -78,6 +78,18 @@ class SearchSpace:
     ep_values: tuple[int, ...] | None = None
     vpp_values: tuple[int, ...] | None = None
 
+    #: the fields a user's value constraints (``Constraints``) set on a space
+    VALUE_FIELDS = ("tp_values", "pp_values", "cp_values", "ep_values", "vpp_values", "micro_batch_sizes")
+
+    @property
+    def value_constraints(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.VALUE_FIELDS)
+
+    def without_value_constraints(self) -> "SearchSpace":
+        """The same space with every degree and micro-batch size free (what would be valid without the user's
+        constraints)."""
+        return replace(self, **{f: None for f in self.VALUE_FIELDS})
+
 
 @dataclass(frozen=True)
 class Constraints:
