@@ -48,7 +48,7 @@ TORCHTITAN_KEYS = {
                     "tensor_parallel_degree", "enable_async_tensor_parallel", "context_parallel_degree",
                     "context_parallel_rotate_method", "pipeline_parallel_degree", "pipeline_parallel_schedule",
                     "pipeline_parallel_microbatch_size", "module_fqns_per_model_part", "expert_parallel_degree",
-                    "expert_tensor_parallel_degree"},
+                    "expert_tensor_parallel_degree", "pipeline_parallel_expert_parallel_overlap"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
 TORCH_SCHEDULES = {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
@@ -263,7 +263,7 @@ def test_torchtitan_zero_stages_and_cp():
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_torchtitan_schedule_names(name):
-    vpp = 2 if getattr(SCHEDULES[name], "supports_vpp", False) or name in ("zbv", "dualpipe") else 1
+    vpp = 2 if getattr(SCHEDULES[name], "supports_vpp", False) else 1
     plan = config_only_plan(num_gpus=32, tp=8, pp=4, vpp=vpp, global_batch_size=64, schedule=name)
     expected = torchtitan.SCHEDULE_NAMES[name]
     if expected is None:
@@ -638,3 +638,24 @@ def test_megatron_deepspeed_runs_zero3_without_the_pipeline_module():
     assert "--no-pipeline-parallel" in note and "--zero-stage 3" in note
     piped = deepspeed.notes(config_only_plan(num_gpus=64, tp=8, pp=2, global_batch_size=64, zero_stage=1))[0]
     assert "--no-pipeline-parallel" not in piped
+
+
+def test_torchtitan_runs_dualpipev_and_its_expert_parallel_overlap():
+    """torchtitan 0.2.2 runs DualPipeV (torch's ScheduleDualPipeV, V placement) and overlaps the MoE all-to-alls of
+    its F&B pairs (``pipeline_parallel_expert_parallel_overlap``, on by default, DualPipeV with pp > 1 and ep > 1,
+    no activation checkpointing): the export says what the plan costed; the overlap under any other schedule, or
+    with recomputation, is refused; DeepSeek's bidirectional DualPipe has no torch class."""
+    base = dict(model="mixtral-8x7b", num_gpus=64, pp=2, vpp=2, ep=8, global_batch_size=128, schedule="dualpipev",
+                recompute="none")
+    par = check_torchtitan(config_only_plan(**base, ep_comm_overlap=True))["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "DualPipeV"
+    assert par["pipeline_parallel_expert_parallel_overlap"] is True
+    off = check_torchtitan(config_only_plan(**base))["parallelism"]
+    assert off["pipeline_parallel_expert_parallel_overlap"] is False
+    with pytest.raises(PlannerError, match="activation checkpointing"):
+        emit(config_only_plan(**{**base, "recompute": "selective"}, ep_comm_overlap=True), "torchtitan")
+    with pytest.raises(PlannerError, match="overlap"):
+        emit(config_only_plan(**{**base, "schedule": "zbv"}, ep_comm_overlap=True), "torchtitan")
+    with pytest.raises(PlannerError, match="dualpipe"):
+        emit(config_only_plan(model="llama-3.1-70b", num_gpus=32, tp=8, pp=4, global_batch_size=64,
+                              schedule="dualpipe"), "torchtitan")

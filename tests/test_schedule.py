@@ -159,7 +159,7 @@ def test_closed_forms_within_12_percent_for_unequal_stages(name, p, mult, scale,
     sim = simulate_schedule(name, f, b, w, m, v)
     closed = sched.time(f, b, w, m, v)
     assert abs(closed.total_s - sim.total_s) <= 0.12 * sim.total_s
-    assert sim.total_s >= m * max(fi + bi + wi for fi, bi, wi in zip(f, b, w)) - 1e-9
+    assert sim.total_s >= sched.passes(m) * max(fi + bi + wi for fi, bi, wi in zip(f, b, w)) - 1e-9
 
 
 def test_1f1b_closed_form_is_an_upper_bound_for_a_slow_stage():
@@ -202,7 +202,7 @@ def test_every_schedule_estimates_and_zero_bubble_is_faster():
     base = RunConfig(num_gpus=16, tp=2, pp=4, global_batch_size=64, seq_len=4096)
     times = {}
     for name in SCHEDULES:
-        cfg = base.with_(schedule=name, vpp=2 if name in ("interleaved-1f1b", "zbv") else 1)
+        cfg = base.with_(schedule=name, vpp=2 if name in ("interleaved-1f1b", "zbv", "dualpipev") else 1)
         times[name] = estimate(model, cluster, cfg).step_time_s
     assert times["zb-h1"] < times["1f1b"]
     assert times["zbv"] < times["zb-h1"]
@@ -237,3 +237,106 @@ def test_bfs_gathers_zero3_weights_once_per_step():
     # without ZeRO-3 the two only differ in memory
     z1 = [estimate(model, cluster, base.with_(schedule=s, zero_stage=1)).step_time_s for s in ("1f1b", "bfs")]
     assert z1[0] == pytest.approx(z1[1])
+
+
+# ----- DualPipe and DualPipeV (DeepSeek-V3 report Sec. 3.2.1, Table 2; github deepseek-ai/DualPipe) -------------
+@pytest.mark.parametrize("name,p,m,v", [("dualpipe", 2, 4, 1), ("dualpipe", 4, 8, 1), ("dualpipe", 8, 20, 1),
+                                        ("dualpipev", 2, 4, 2), ("dualpipev", 4, 10, 2), ("dualpipev", 8, 16, 2)])
+def test_dualpipe_orders_run_every_pass_once(name, p, m, v):
+    """Every rank runs one F, B and W per micro-batch of its path's chunks: DualPipe m (half per direction, each
+    through one of the rank's two stages), DualPipeV m through each of its two chunks."""
+    sched = get_schedule(name)
+    per_rank = m if name == "dualpipe" else 2 * m
+    for r in range(p):
+        order = sched.order(p, m, v, r)
+        for kind in "FW":
+            assert sum(op[0] == kind for op in order) == per_rank
+        assert sum(op[0] in "Bb" for op in order) == per_rank
+        assert len({(op[0].upper(), op[1], op[2]) for op in order}) == len(order)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_dualpipe_holds_pp_plus_one_stage_microbatches(p):
+    """DeepSeek-V3 report Table 2 (and the DualPipe README): activations per device PP + 1 (stage-micro-batches);
+    DualPipeV on the same PP stages over PP / 2 devices, also PP + 1. The simulator playing DeepSeek's order agrees."""
+    f, b, w = equal(p, 2.0, 2.4, 1.6)
+    dual = simulate_schedule("dualpipe", f, b, w, 4 * p)
+    assert dual.peak_inflight == pytest.approx([(p + 1) / 2] * p)  # units: a micro-batch through both stages
+    assert [get_schedule("dualpipe").inflight(p, 4 * p, 1, r) for r in range(p)] == [(p + 1) / 2] * p
+    n = max(1, p // 2)
+    if n >= 2:
+        v = simulate_schedule("dualpipev", *equal(n, 2.0, 2.4, 1.6), 4 * n, 2)
+        assert v.peak_inflight == pytest.approx([(2 * n + 1) / 2] * n)  # 2n stages + 1, in units of both chunks
+
+
+@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("f,b,w", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 1.5, 0.5), (2.0, 1.0, 1.0)])
+def test_dualpipe_cut_in_half_is_dualpipev(p, f, b, w):
+    """DualPipeV is DualPipe cut in half (DualPipe README; Sea AI Lab): p ranks of DualPipe with m micro-batches
+    time like p / 2 ranks of DualPipeV with m / 2, stage for stage (each DualPipe rank pair-time = 2 chunks)."""
+    m = 4 * p
+    dual = simulate_schedule("dualpipe", *equal(p, 2 * f, 2 * b, 2 * w), m)
+    v = simulate_schedule("dualpipev", *equal(p // 2, 2 * f, 2 * b, 2 * w), m // 2, 2)
+    assert dual.total_s == pytest.approx(v.total_s)
+
+
+@pytest.mark.parametrize("name,v", [("dualpipe", 1), ("dualpipev", 2)])
+@pytest.mark.parametrize("p", [2, 4, 6, 8])
+@pytest.mark.parametrize("f,b,w", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 1.5, 0.5), (2.0, 1.0, 1.0),
+                                   (1.0, 1.3, 0.8)])
+def test_dualpipe_closed_form_bounds_the_simulator(name, v, p, f, b, w):
+    """The closed form (chain of PP/2 - 1 steps of F + B + max(F, B) - 2W per chunk) is at or above the simulated
+    order, within 4% of it at the fewest micro-batches the schedules run (the chain's first steps are shorter, a
+    constant of about two steps' B - W), and below the report's (PP/2 - 1)(F&B + B - 3W) with F&B = F + B + W."""
+    m = 2 * p if name == "dualpipev" else 4 * p
+    sched = get_schedule(name)
+    fs, bs, ws = equal(p, 2 * f, 2 * b, 2 * w)  # per rank: two chunks of (f, b, w)
+    sim = simulate_schedule(name, fs, bs, ws, m, v)
+    closed = sched.time(fs, bs, ws, m, v)
+    assert sim.total_s - 1e-9 <= closed.total_s <= 1.04 * sim.total_s
+    chain = p // 2 - 1 if name == "dualpipe" else p - 1
+    assert closed.bubble_s <= chain * ((f + b + w) + (b + w) - 3 * w) + 1e-9
+
+
+def test_dualpipe_rules():
+    s = get_schedule("dualpipe")
+    assert s.check(3, 12, 1)  # even pp
+    assert s.check(4, 16, 2)  # vpp 1: the mirror is the second chunk
+    assert s.check(4, 6, 1)  # at least 2 pp micro-batches
+    assert s.check(4, 9, 1)  # even micro-batches, half per direction
+    assert s.check(4, 8, 1) is None
+    v = get_schedule("dualpipev")
+    assert v.check(4, 8, 1) and v.check(4, 7, 2)
+    assert v.check(4, 8, 2) is None
+
+
+def test_dualpipe_holds_two_copies_of_each_stage():
+    """DeepSeek-V3 report Table 2: DualPipe keeps 2x the parameters per device of 1F1B on the same stages (rank r
+    holds stage r and stage p - 1 - r); its ranks run the same compute in all as 1F1B's (each pass of a rank is one
+    micro-batch of each direction, m / 2 passes), with a shorter fill and drain."""
+    from planner.cost.step import estimate
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    base = RunConfig(num_gpus=16, tp=2, pp=4, global_batch_size=64, seq_len=4096)
+    one = estimate(model, cluster, base)
+    dual = estimate(model, cluster, base.with_(schedule="dualpipe"))
+    for a, d in zip(one.stages, dual.stages):
+        mirror = one.stages[base.pp - 1 - a.rank]
+        assert d.params_dense == pytest.approx(a.params_dense + mirror.params_dense)
+        assert d.layers == a.layers + mirror.layers
+    m = base.num_microbatches
+    assert sum(s.compute_s for s in dual.stages) * m / 2 == pytest.approx(sum(s.compute_s for s in one.stages) * m)
+    assert dual.breakdown["bubble_s"] < one.breakdown["bubble_s"]
+
+
+def test_dualpipe_pairs_are_the_all_to_all_overlap():
+    """DualPipe's F&B pairs are its own batch-level all-to-all overlap, so --ep-comm-overlap needs no virtual stages
+    there (Megatron-Core's overlap does), and the overlap makes DeepSeek-V3 under DualPipe faster."""
+    from planner.cost.step import estimate
+    model, cluster = load_model("deepseek-v3"), load_cluster("h800-80gb-sxm")
+    cfg = RunConfig(num_gpus=256, pp=4, ep=64, global_batch_size=256, seq_len=4096, schedule="dualpipe",
+                    precision="fp8")
+    assert not [p for p in config_problems(model, cluster, cfg.with_(ep_comm_overlap=True)) if p[0] == "ep_comm_overlap"]
+    assert [p for p in config_problems(model, cluster, cfg.with_(schedule="1f1b", ep_comm_overlap=True))
+            if p[0] == "ep_comm_overlap"]
+    fast = estimate(model, cluster, cfg.with_(ep_comm_overlap=True), check=False)
+    assert fast.step_time_s < estimate(model, cluster, cfg, check=False).step_time_s

@@ -25,10 +25,14 @@ Closed forms (exact for equal stages, checked against the simulator in ``tests/t
   the next chunk starts, so it holds all m micro-batches (GPipe's memory) and, with ZeRO-3 / FSDP, gathers each
   chunk's weights once per step rather than once per micro-batch (``zero3_gathers_once_per_step``, used by
   ``planner.cost.step``): the sharded-DP traffic drops by m and overlaps the whole step.
-DualPipe (DeepSeek-AI 2024): its gain is overlapping one micro-batch's forward with another's backward
-communication (MoE all-to-all), which the cost model has as ``RunConfig.ep_comm_overlap``; DualPipeV (github
-deepseek-ai/DualPipe) is ZB-V's V placement plus that overlap, with the bubble (PP/2 - 1)(F&B + B - 3W) per stage,
-so ``zbv`` with the overlap stands for it. DualPipe's second copy of each rank's stage weights is not counted.
+* DualPipe (DeepSeek-V3 report Sec. 3.2.1; github deepseek-ai/DualPipe): m / 2 micro-batches enter at each end;
+  rank r holds stage r and its mirror p - 1 - r (two copies of the stage weights per rank), runs DeepSeek's
+  eight-step order, whose F&B pairs overlap one micro-batch's all-to-alls with the other's compute (the cost model's
+  ``RunConfig.ep_comm_overlap``; here a pair waits for both inputs and costs F + B of compute). Per chunk, the
+  fill / drain chain of p / 2 - 1 steps costs F + B + max(F, B) - 2W each (the simulator on DeepSeek's order; the
+  report's bound (PP/2 - 1)(F&B + B_full - 3W) is W more per step); every rank holds PP + 1 stage-micro-batches.
+  DualPipeV ("cut in half", torch's ScheduleDualPipeV) is the same order on ZB-V's V placement: a chain of p - 1
+  steps, 2p + 1 chunk-micro-batches held.
 The zero-bubble forms are exact (against the simulator's W placement) when W <= min(F, B), which every real layer
 satisfies (W is half of the GEMM backward; B the other half plus attention backward and recomputation); for
 unequal stages all forms are within about 10% of the simulator (``tests/test_schedule.py`` measures it).
@@ -47,7 +51,9 @@ from typing import Callable
 
 import numpy as np
 
-Op = tuple[str, int, int]  # (kind "F" | "B" | "W", micro-batch, chunk)
+#: (kind, micro-batch, chunk); kind "F", "B", "W", or "b": a B overlapped with the F before it (DualPipe's F&B pair,
+#: which starts when the inputs of both are there)
+Op = tuple[str, int, int]
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,29 @@ class Schedule:
     zero3_gathers_once_per_step: bool = False
     #: the schedule's name in torch.distributed.pipelining (torchtitan ``pipeline_parallel_schedule``), if any
     torch_name: str | None = None
+    #: (p, v, rank) -> the model stages the rank holds, in its chunk order, where that is not one stage per chunk
+    #: of ``stage_index`` (DualPipe: every rank holds two of the p stages, so each stage sits on two ranks)
+    placement: Callable[[int, int, int], tuple[int, ...]] | None = None
+    #: (p, v, m, micro-batch) -> the (rank, chunk) of each model stage the micro-batch passes, in model order,
+    #: where micro-batches do not all take the one path ``stage_index`` lays out (DualPipe's two directions)
+    route: Callable[[int, int, int, int], tuple[tuple[int, int], ...]] | None = None
+    #: micro-batches one pass of a rank's per-micro-batch times stands for: 1, or 2 for DualPipe, whose rank times
+    #: are one micro-batch of each direction through the rank's stage and its mirror
+    microbatches_per_pass: int = 1
+
+    def stages_of(self, p: int, v: int, rank: int) -> tuple[int, ...]:
+        """The model stages rank ``rank`` holds (its chunks, in order): ``placement``, else one per chunk."""
+        if self.placement is not None:
+            return self.placement(p, v, rank)
+        return tuple(self.stage_index(p, v, rank, c) for c in range(v))
+
+    def passes(self, m):
+        """How many times a step runs each rank's per-micro-batch F + B + W: m, or m / 2 for DualPipe's pairs."""
+        return m / self.microbatches_per_pass if self.microbatches_per_pass != 1 else m
+
+    def chunks_per_rank(self, p: int, v: int) -> int:
+        """Model chunks a rank holds (the simulator's v): v, or two for DualPipe's mirrored stages."""
+        return len(self.stages_of(p, v, 0))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,6 +188,39 @@ def _zb_h2_time(f, b, w, m, v) -> PipelineTime:
     return _time(m * tk + edge, m, tk)
 
 
+def _dualpipe_family_time(f, b, w, m, per_rank_microbatches, chain) -> PipelineTime:
+    """DualPipe / DualPipeV as DeepSeek's order plays out (``tests/test_schedule.py`` against the simulator):
+    every step of the fill and drain chain costs S = F + B + max(F, B) - 2W of one chunk (each rank's F, B, W
+    halved over its two chunks), the W's queued by the zero-bubble steps filling part of it; the published bound
+    (PP/2 - 1)(F&B + B_full - 3W) (DeepSeek-V3 report Table 2, with F&B = F + B_full when the pair's compute adds
+    up and only its all-to-alls overlap) is W more per step where B >= F. Per-rank form:
+    T = M max t + (chain / (p - 1)) sum_{r != bottleneck} S_r, M the micro-batches (pairs) per rank's t."""
+    f, b, w, t, m = _arrays(f, b, w, m)
+    step = np.maximum(0.0, (f + b + np.maximum(f, b) - 2 * w) / 2)
+    p = _ranks(t)
+    tk, edge = _bottleneck_edge(t, step)
+    scale = chain(p) / np.maximum(1, p - 1)
+    count = np.asarray(per_rank_microbatches)
+    return _time(count * tk + scale * edge, count, tk)
+
+
+def _ranks(t: np.ndarray) -> np.ndarray:
+    """Each row's pipeline degree: its ranks with work (rows of a batch are zero-padded past their p)."""
+    return np.count_nonzero(t > 0, axis=-1)
+
+
+def _dualpipe_time(f, b, w, m, v) -> PipelineTime:
+    """DualPipe over p ranks: per-rank F, B, W are one micro-batch of each direction through the rank's two
+    stages, m / 2 such pairs; the fill / drain chain is p / 2 - 1 steps (each half of the ranks)."""
+    half = np.asarray(m) / 2
+    return _dualpipe_family_time(f, b, w, half, half, lambda p: np.maximum(0, p // 2 - 1))
+
+
+def _dualpipev_time(f, b, w, m, v) -> PipelineTime:
+    """DualPipeV over p ranks (2p stages in a V): m micro-batches through both chunks, a chain of p - 1 steps."""
+    return _dualpipe_family_time(f, b, w, m, m, lambda p: np.maximum(0, p - 1))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # In-flight activations
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,6 +242,18 @@ def _zb_h1_inflight(p: int, m: int, v: int, rank: int) -> float:
 def _zb_h2_inflight(p: int, m: int, v: int, rank: int) -> float:
     """ZB-H2 holds up to 2p - 1 micro-batches (Qi et al. 2023 Sec. 3.1), on every rank for the same reason."""
     return float(min(2 * p - 1, m))
+
+
+def _dualpipe_inflight(p: int, m: int, v: int, rank: int) -> float:
+    """DualPipe holds PP + 1 stage-micro-batches on every rank (DeepSeek-V3 report Table 2; the simulator agrees),
+    in units of one micro-batch of each direction through the rank's two stages: (p + 1) / 2."""
+    return min(p + 1, m) / 2
+
+
+def _dualpipev_inflight(p: int, m: int, v: int, rank: int) -> float:
+    """DualPipeV holds PP + 1 = 2p + 1 chunk-micro-batches on every rank (DualPipe README's table, PP stages on
+    PP / 2 devices), in units of one micro-batch through both chunks: p + 1/2."""
+    return min(2 * p + 1, 2 * m) / 2
 
 
 def _interleaved_inflight(p: int, m: int, v: int, rank: int) -> float:
@@ -288,6 +362,106 @@ def _zbv_order(p: int, m: int, v: int, rank: int) -> list[Op]:
     return [op for op in ops if op[1] < m]
 
 
+def _dualpipe_template(n: int, r: int, per_phase: int) -> list[tuple[str, int, bool]]:
+    """DeepSeek's DualPipe step (github deepseek-ai/DualPipe, ``DualPipe.step`` / ``DualPipeV.step``, eight
+    steps) for rank r of n, ``per_phase`` micro-batches through each of the rank's two phases, as
+    (kind, phase, split) items: "F" / "B" of phase 0 or 1 (``split``: a zero-bubble backward whose weight
+    gradient waits in a queue), "W" (the queue's oldest weight gradient). A pair the library runs overlapped
+    (``_forward_backward_chunk``: the F of one phase with the B of the other, each hiding the other's all-to-all)
+    is an "F" followed by a "b": it starts when both inputs are there and takes F + B of compute."""
+    ops: list[tuple[str, int, bool]] = []
+
+    def add(kind: str, phase: int = 0, split: bool = False) -> None:
+        ops.append((kind, phase, split))
+
+    rest = n - r - 1
+    for _ in range(2 * rest):                       # 1: forwards of phase 0 fill the way down
+        add("F", 0)
+    for _ in range(r + 1):                          # 2: F0 F1 pairs
+        add("F", 0)
+        add("F", 1)
+    for _ in range(rest):                           # 3: B1 W F1, zero-bubble
+        add("B", 1, True)
+        add("W")
+        add("F", 1)
+    for i in range(per_phase - 2 * n + r + 1):      # 4: steady state, F0&B1 then F1&B0
+        add("F", 0)
+        add("B" if i == 0 and r == n - 1 else "b", 1)  # the middle rank's first pair runs apart
+        add("F", 1)
+        add("b", 0)
+    for _ in range(rest):                           # 5: B1, F1&B0
+        add("B", 1)
+        add("F", 1)
+        add("b", 0)
+    split = False                                   # 6: B1 B0, zero-bubble from the middle on
+    for i in range(r + 1):
+        if i == (r + 1) // 2 and r % 2 == 1:
+            split = True
+        add("B", 1, split)
+        if i == (r + 1) // 2 and r % 2 == 0:
+            split = True
+        add("B", 0, split)
+    for _ in range(rest):                           # 7: W B0
+        add("W")
+        add("B", 0, True)
+    for _ in range(r + 1):                          # 8: the queue's last weight gradients
+        add("W")
+    return ops
+
+
+def _dualpipe_ops(template: list[tuple[str, int, bool]], chunk_of, mb_offset) -> list[Op]:
+    """Number a DualPipe template's items: each chunk's F's and B's take its micro-batches in order; a split B's
+    W joins a queue the template's "W" items pop, an unsplit B runs its W right after it (one fused backward)."""
+    count: dict[tuple[str, int], int] = {}
+    queue: list[tuple[int, int]] = []
+    ops: list[Op] = []
+    for kind, phase, split in template:
+        if kind == "W":
+            mb, c = queue.pop(0)
+            ops.append(("W", mb, c))
+            continue
+        c = chunk_of(phase)
+        k = count.get((kind.upper(), c), 0)
+        count[(kind.upper(), c)] = k + 1
+        mb = mb_offset(c) + k
+        ops.append((kind, mb, c))
+        if kind in ("B", "b"):
+            if split:
+                queue.append((mb, c))
+            else:
+                ops.append(("W", mb, c))
+    return ops
+
+
+def _dualpipe_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    """DualPipe (DeepSeek-V3 report Sec. 3.2.1): m / 2 micro-batches enter at rank 0 and run down the p stages
+    (chunk 0 of rank r is stage r), m / 2 enter at rank p - 1 and run the mirrored way (chunk 1 of rank r is stage
+    p - 1 - r); each half of the ranks runs the template with its distance from the edge, its phase 0 being the
+    direction that enters on its side."""
+    half = p // 2
+    second = rank >= half
+    template = _dualpipe_template(half, min(rank, p - 1 - rank), m // 2)
+    return _dualpipe_ops(template, lambda phase: phase ^ second, lambda c: c * (m // 2))
+
+
+def _dualpipev_order(p: int, m: int, v: int, rank: int) -> list[Op]:
+    """DualPipeV (DualPipe "cut in half", github deepseek-ai/DualPipe ``DualPipeV``; torch's ScheduleDualPipeV):
+    ZB-V's V placement, every micro-batch down chunk 0 and back up chunk 1, run by DualPipe's template."""
+    return _dualpipe_ops(_dualpipe_template(p, rank, m), lambda phase: phase, lambda c: 0)
+
+
+def _dualpipe_placement(p: int, v: int, rank: int) -> tuple[int, ...]:
+    """Rank r holds stage r (the first direction's) and stage p - 1 - r (the mirrored direction's)."""
+    return (rank, p - 1 - rank)
+
+
+def _dualpipe_route(p: int, v: int, m: int, mb: int) -> tuple[tuple[int, int], ...]:
+    """The first m / 2 micro-batches pass stage j on rank j (chunk 0), the rest on rank p - 1 - j (chunk 1)."""
+    if mb < m // 2:
+        return tuple((j, 0) for j in range(p))
+    return tuple((p - 1 - j, 1) for j in range(p))
+
+
 def _1f1b_cap(p: int, m: int, v: int, rank: int) -> int:
     return p
 
@@ -312,6 +486,27 @@ def _zbv_check(p: int, m: int, v: int) -> str | None:
         return "zbv needs --vpp 2 (two model chunks per rank, placed in a V)"
     if m < 2 * p - 1:
         return f"zbv needs at least 2*pp - 1 = {2 * p - 1} micro-batches per step, got {m}"
+    return None
+
+
+def _dualpipe_check(p: int, m: int, v: int) -> str | None:
+    if p < 2 or p % 2:
+        return f"dualpipe needs an even pipeline degree >= 2 (its two directions meet in the middle), got pp={p}"
+    if v != 1:
+        return "dualpipe needs --vpp 1 (every rank holds stage r and its mirror p - 1 - r; use dualpipev for a V)"
+    if m % 2 or m < 2 * p:
+        return (f"dualpipe needs an even number of micro-batches per step, at least 2*pp = {2 * p} (half enter at "
+                f"each end), got {m}")
+    return None
+
+
+def _dualpipev_check(p: int, m: int, v: int) -> str | None:
+    if p < 2:
+        return "dualpipev needs pipeline parallelism (pp >= 2)"
+    if v != 2:
+        return "dualpipev needs --vpp 2 (two model chunks per rank, placed in a V)"
+    if m < 2 * p:
+        return f"dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}"
     return None
 
 
@@ -363,6 +558,14 @@ SCHEDULES: dict[str, Schedule] = {
     "zbv": Schedule("zbv", "zero-bubble V: two chunks per rank in a V, 1F1B memory (Qi et al. 2024)", _zbv_time,
                     _zb_h1_inflight, _zbv_check, supports_vpp=True, order=_zbv_order, stage_index=_v_stage_index,
                     defer_w=True, torch_name="ZBVZeroBubble"),
+    "dualpipe": Schedule("dualpipe", "DualPipe: two directions of micro-batches, each rank holds a stage and its "
+                         "mirror, F&B pairs overlap their all-to-alls (DeepSeek-AI 2024)", _dualpipe_time,
+                         _dualpipe_inflight, _dualpipe_check, order=_dualpipe_order, defer_w=True,
+                         placement=_dualpipe_placement, route=_dualpipe_route, microbatches_per_pass=2),
+    "dualpipev": Schedule("dualpipev", "DualPipeV: DualPipe cut in half, one direction down and up a V of two "
+                          "chunks per rank (DeepSeek-AI 2025; Sea AI Lab)", _dualpipev_time, _dualpipev_inflight,
+                          _dualpipev_check, supports_vpp=True, order=_dualpipev_order, stage_index=_v_stage_index,
+                          defer_w=True, torch_name="DualPipeV"),
     "bfs": Schedule("bfs", "breadth-first looped schedule for sharded data parallelism (Lamy-Poirier 2022)",
                     _interleaved_time, _gpipe_inflight, _bfs_check, supports_vpp=True, order=_bfs_order,
                     zero3_gathers_once_per_step=True, torch_name="LoopedBFS"),

@@ -76,19 +76,28 @@ def simulate(
     order: Sequence[Sequence[tuple[str, int, int]]],
     stage_index: Callable[[int, int, int, int], int],
     *, defer_w: bool = False, cap: Sequence[int] | None = None, p2p_s: float = 0.0,
+    route: Callable[[int, int, int, int], Sequence[tuple[int, int]]] | None = None,
 ) -> SimResult:
     """Play a schedule. ``f_s``, ``b_s``, ``w_s``: per-rank times per micro-batch (all chunks together) or p x v
     tables; ``order[r]``: rank r's (kind, micro-batch, chunk) list with kind "F" or "B";
     ``stage_index(p, v, rank, chunk)``: the model-order stage a chunk is; ``cap[r]``: activation budget of rank r
-    in chunk-micro-batches (deferred W only); ``p2p_s``: transfer time between stages on different ranks."""
+    in chunk-micro-batches (deferred W only); ``p2p_s``: transfer time between stages on different ranks;
+    ``route(p, v, m, mb)``: the (rank, chunk) of each stage micro-batch ``mb`` passes, in order, where
+    micro-batches take different paths (DualPipe's two directions; default: the one path of ``stage_index``)."""
     F, B, W = per_chunk(f_s, p, v), per_chunk(b_s, p, v), per_chunk(w_s, p, v)
-    n_stages = p * v
-    where = {}  # stage -> (rank, chunk)
-    for r in range(p):
-        for c in range(v):
-            where[stage_index(p, v, r, c)] = (r, c)
-    if sorted(where) != list(range(n_stages)):
-        raise ValueError("stage_index must place each of the p*v stages exactly once")
+    if route is None:
+        where = {}  # stage -> (rank, chunk)
+        for r in range(p):
+            for c in range(v):
+                where[stage_index(p, v, r, c)] = (r, c)
+        if sorted(where) != list(range(p * v)):
+            raise ValueError("stage_index must place each of the p*v stages exactly once")
+        path = tuple(where[j] for j in range(p * v))
+        paths = [path] * m
+    else:
+        paths = [tuple(route(p, v, m, mb)) for mb in range(m)]
+    # stage_of[(mb, rank, chunk)]: the position of that chunk on the micro-batch's path
+    stage_of = {(mb, r, c): j for mb, path in enumerate(paths) for j, (r, c) in enumerate(path)}
     done_f: dict[tuple[int, int], float] = {}
     done_b: dict[tuple[int, int], float] = {}
     ptr = [0] * p
@@ -98,7 +107,7 @@ def simulate(
     peak = [0] * p
     pending: list[deque] = [deque() for _ in range(p)]
     records: list[list[OpRecord]] = [[] for _ in range(p)]
-    caps = list(cap) if cap is not None else [n_stages * m] * p
+    caps = list(cap) if cap is not None else [len(paths[0]) * m] * p
 
     def run(r: int, kind: str, mb: int, c: int, ready: float, dur: float) -> float:
         start = max(free[r], ready)
@@ -114,7 +123,8 @@ def simulate(
         held[r] -= 1
 
     def ready_time(r: int, kind: str, mb: int, c: int) -> float | None:
-        j = stage_index(p, v, r, c)
+        j = stage_of[(mb, r, c)]
+        path = paths[mb]
         if kind == "W":
             return done_b.get((mb, j))
         if kind == "F":
@@ -123,13 +133,13 @@ def simulate(
             prev = done_f.get((mb, j - 1))
             if prev is None:
                 return None
-            return prev + (p2p_s if where[j - 1][0] != r else 0.0)
-        if j == n_stages - 1:
+            return prev + (p2p_s if path[j - 1][0] != r else 0.0)
+        if j == len(path) - 1:
             return done_f.get((mb, j))
         nxt = done_b.get((mb, j + 1))
         if nxt is None:
             return None
-        return nxt + (p2p_s if where[j + 1][0] != r else 0.0)
+        return nxt + (p2p_s if path[j + 1][0] != r else 0.0)
 
     explicit_w = [any(op[0] == "W" for op in o) for o in order]  # the schedule places its W's itself
     greedy_w = [defer_w and not e for e in explicit_w]
@@ -139,16 +149,24 @@ def simulate(
         for r in range(p):
             while ptr[r] < len(order[r]):
                 kind, mb, c = order[r][ptr[r]]
+                kind = "B" if kind == "b" else kind
                 ready = ready_time(r, kind, mb, c)
                 if ready is None:
                     break
+                if kind == "F" and ptr[r] + 1 < len(order[r]) and order[r][ptr[r] + 1][0] == "b":
+                    # an overlapped F&B pair starts when the input of its backward is there too
+                    _, mb_b, c_b = order[r][ptr[r] + 1]
+                    ready_b = ready_time(r, "B", mb_b, c_b)
+                    if ready_b is None:
+                        break
+                    ready = max(ready, ready_b)
                 if greedy_w[r]:
                     if kind == "F":
                         while held[r] >= caps[r] and pending[r]:
                             run_w(r)
                     while pending[r] and free[r] + W[r][pending[r][0][1]] <= ready + _EPS:
                         run_w(r)
-                j = stage_index(p, v, r, c)
+                j = stage_of[(mb, r, c)]
                 if kind == "F":
                     done_f[(mb, j)] = run(r, "F", mb, c, ready, F[r][c])
                     held[r] += 1
@@ -186,5 +204,5 @@ def simulate_schedule(name: str, f_s, b_s, w_s, m: int, v: int = 1, *, p2p_s: fl
     p = len(f_s)
     order = [sched.order(p, m, v, r) for r in range(p)]
     cap = [sched.w_cap(p, m, v, r) for r in range(p)] if sched.w_cap is not None else None
-    return simulate(p, m, v, f_s, b_s, w_s, order, sched.stage_index, defer_w=sched.defer_w, cap=cap,
-                    p2p_s=p2p_s)
+    return simulate(p, m, sched.chunks_per_rank(p, v), f_s, b_s, w_s, order, sched.stage_index,
+                    defer_w=sched.defer_w, cap=cap, p2p_s=p2p_s, route=sched.route)

@@ -471,6 +471,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     layers = stage_layers(model, cfg)
     starts = [0, *itertools.accumulate(layers)][:-1]
     sched = get_schedule(cfg.schedule)
+    passes = sched.passes(m)  # times each rank runs its per-micro-batch work (DualPipe: m / 2 pairs)
     p2p_one = _send_s(model, cluster, cfg.tp, cfg.cp, cfg.micro_batch_size, cfg.seq_len, cfg.sequence_parallel,
                       bool(groups.pp_spans_nodes)) if p > 1 else 0.0
     head_tp = ends.head_tp_s
@@ -544,8 +545,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     q["tpc"][last] += 2 * head_tp
     q["dense_params"][last] += head_params_gpu
     workspace_j[last] = max(workspace_j[last], ends.head_act_bytes)
-    # --- per pipeline rank: its v chunks (the schedule's placement) added up
-    chunks = np.array([[sched.stage_index(p, v, r, c) for c in range(v)] for r in range(p)])
+    # --- per pipeline rank: its chunks (the schedule's placement; DualPipe: a stage and its mirror) added up
+    chunks = np.array([sched.stages_of(p, v, r) for r in range(p)])
     rank = {k: x[chunks].sum(axis=1) for k, x in q.items()}
     workspace, largest = workspace_j[chunks].max(axis=1), largest_j[chunks].max(axis=1)
     act_per_mb = rank["act"]
@@ -572,7 +573,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp)
     units = np.asarray(layers, dtype=float)[chunks].sum(axis=1)  # ZeRO-3 units: the rank's layers
     coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes, units)
-    t_dp = dp_exposed_s(coll, cfg.zero_stage, rank["fwd"], rank["bwd_in"] + rank["bwd_w"], rank["rec"], m,
+    t_dp = dp_exposed_s(coll, cfg.zero_stage, rank["fwd"], rank["bwd_in"] + rank["bwd_w"], rank["rec"], passes,
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
                         gpu.comm_overlap_interference)
     local = zero_sharded_params(dense_p, expert_p, cfg.zero_stage, dp_shard, expert_dp_shard, "optimizer")
@@ -586,20 +587,20 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
 
     step = pipe_s + dp_exposed + opt_s
     mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len)
-    hflops = mflops + float(recompute_flops_per_mb.sum()) * m * dp * cfg.tp * cfg.cp
+    hflops = mflops + float(recompute_flops_per_mb.sum()) * passes * dp * cfg.tp * cfg.cp
     n = cfg.num_gpus
     limit = gpu.usable_memory_bytes
     peak = max(s.peak_memory_bytes for s in stages)
     bott = max(stages, key=lambda s: s.time_per_microbatch_s)
     breakdown = {
-        "compute_s": m * bott.compute_s,
-        "recompute_s": m * bott.recompute_compute_s,
+        "compute_s": passes * bott.compute_s,
+        "recompute_s": passes * bott.recompute_compute_s,
         "bubble_s": bubble_s,
-        "tp_comm_s": m * bott.tp_comm_s,
-        "cp_comm_s": m * bott.cp_comm_s,
-        "ep_comm_s": m * bott.ep_comm_s,
-        "pp_comm_s": m * bott.pp_comm_s,
-        "offload_s": m * bott.offload_s,
+        "tp_comm_s": passes * bott.tp_comm_s,
+        "cp_comm_s": passes * bott.cp_comm_s,
+        "ep_comm_s": passes * bott.ep_comm_s,
+        "pp_comm_s": passes * bott.pp_comm_s,
+        "offload_s": passes * bott.offload_s,
         "dp_comm_s": dp_exposed,
         "optimizer_s": opt_s,
     }

@@ -71,13 +71,14 @@ def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
                         fix=f"{fix}; `planner plan ... --emit {launcher}` searches only what {launcher} runs")
 
 
-def refuse_megatron_core_only(launcher: str, cfg: RunConfig) -> None:
+def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_runs: bool = False) -> None:
     """Refuse what only Megatron Core runs (for the launchers that are not Megatron Core): CPU activation
-    offloading and the batch-level overlap of the MoE all-to-alls."""
+    offloading and the batch-level overlap of the MoE all-to-alls (unless the caller runs it its own way:
+    ``ep_comm_overlap_runs``, torchtitan's DualPipeV)."""
     if cfg.offload_layers:
         raise unsupported(launcher, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
                                     "cpu_offloading_num_layers)", "export to megatron / nemo")
-    if cfg.ep_comm_overlap:
+    if cfg.ep_comm_overlap and not ep_comm_overlap_runs:
         raise unsupported(launcher, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
                                     "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
 

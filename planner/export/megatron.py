@@ -8,7 +8,7 @@ splits (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-
 overlap flags.
 
 Refused, because Megatron-LM has no equivalent: pipeline schedules other than 1F1B and interleaved 1F1B (GPipe,
-looped BFS, the zero-bubble family and DualPipe; ``--delay-wgrad-compute`` only defers weight gradients to overlap
+looped BFS, the zero-bubble family, DualPipe and DualPipeV; ``--delay-wgrad-compute`` only defers weight gradients to overlap
 MoE all-to-all in the combined 1F1B schedule, it does not fill the pipeline bubble), and ZeRO-2/3 together with
 pipeline parallelism (Megatron FSDP shards over the data-parallel group of a model without pipeline stages).
 """
@@ -37,6 +37,7 @@ SCHEDULE_SUPPORT: dict[str, str | None] = {
     "zb-h2": None,
     "zbv": None,
     "dualpipe": None,
+    "dualpipev": None,
 }
 #: ZeRO stage -> Megatron FSDP data-parallel sharding strategy (ZeRO-1 is the distributed optimizer)
 FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}

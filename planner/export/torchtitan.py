@@ -39,7 +39,8 @@ SCHEDULE_NAMES: dict[str, str | None] = {
     "bfs": "LoopedBFS",
     "zb-h1": "InterleavedZeroBubble",
     "zbv": "ZBVZeroBubble",
-    "dualpipe": "DualPipeV",
+    "dualpipev": "DualPipeV",
+    "dualpipe": None,  # DeepSeek's bidirectional DualPipe; torch runs its cut-in-half DualPipeV only
     "zb-h2": None,
 }
 #: schedules whose stages are placed in a V (rank r holds stages r and 2 pp - 1 - r): exactly two per rank
@@ -114,7 +115,14 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
     """The TOML content as a dict of sections (what ``render`` writes)."""
     view = read_plan(plan, source)
     cfg = view.cfg
-    refuse_megatron_core_only(LAUNCHER, cfg)
+    # torchtitan overlaps the MoE all-to-alls of DualPipeV's F&B pairs (pipeline_parallel_expert_parallel_overlap,
+    # torchtitan/distributed/pipeline_parallel.py at v0.2.2: DualPipeV only, pp > 1, ep > 1, no checkpointing)
+    dualpipev_overlap = cfg.schedule == "dualpipev" and cfg.pp > 1 and cfg.ep > 1
+    refuse_megatron_core_only(LAUNCHER, cfg, ep_comm_overlap_runs=dualpipev_overlap)
+    if cfg.ep_comm_overlap and cfg.recompute != "none":
+        raise unsupported(LAUNCHER, f"the MoE all-to-all overlap of DualPipeV with recompute {cfg.recompute} "
+                                    "(torchtitan's pipeline_parallel_expert_parallel_overlap runs without "
+                                    "activation checkpointing)", "plan with --recompute none, or export to megatron")
     if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         raise unsupported(LAUNCHER, f"selective recomputation of {cfg.recompute_modules} (torchtitan's selective "
                                     "activation checkpointing picks ops by its own policy, not Megatron's modules)",
@@ -159,6 +167,8 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
                               "plan with ZeRO >= 1 and an EP degree dividing dp*cp")
         par["expert_parallel_degree"] = cfg.ep
         par["expert_tensor_parallel_degree"] = cfg.expert_tp
+        if dualpipev_overlap:  # torchtitan turns it on by default: say what the plan costed
+            par["pipeline_parallel_expert_parallel_overlap"] = bool(cfg.ep_comm_overlap)
     out = {"training": training, "parallelism": par, "activation_checkpoint": _activation_checkpoint(view)}
     if cfg.precision in ("fp8", "mxfp8"):
         # torchao's float8 / MX linear converters; the LM head ("output") stays bf16, as the cost model keeps it

@@ -317,10 +317,16 @@ def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
     return t.fwd_s[g] + t.bwd_input_s[g] + t.bwd_weight_s[g]
 
 
+def _per_pass(space: Space, g) -> np.ndarray:
+    """Micro-batches one pass of a rank's work runs (the schedule's ``microbatches_per_pass``; DualPipe: 2)."""
+    return np.array([SCHEDULES[name].microbatches_per_pass for name in space.schedules])[space.col("sched")[g]]
+
+
 def group_time_bound(space: Space, t: GroupTables) -> np.ndarray:
-    """Cheap lower bound on the step time of every row of each group (its no-recomputation rows' bound)."""
+    """Cheap lower bound on the step time of every row of each group (its no-recomputation rows' bound): a rank's
+    share of a micro-batch's work per pass, times the schedule's time of p equal unit ranks."""
     g = np.arange(len(space.groups))
-    return _work_s(t, g) / space.col("pp") * t.factor[g]
+    return _work_s(t, g) / space.col("pp") * _per_pass(space, g) * t.factor[g]
 
 
 def _recompute_s(space: Space, t: GroupTables, g: np.ndarray, rec: np.ndarray) -> np.ndarray:
@@ -344,14 +350,13 @@ def _rank_layout(schedule: str, num_layers: int, p: int, v: int, dense_until: in
     starts = [sum(counts[:j]) for j in range(len(counts))]
     nd, nm, emb, head = [0] * p, [0] * p, [0] * p, [0] * p
     for r in range(p):
-        for c in range(v):
-            j = sched.stage_index(p, v, r, c)
+        for j in sched.stages_of(p, v, r):
             dense = max(0, min(starts[j] + counts[j], dense_until) - starts[j])
             nd[r] += dense
             nm[r] += counts[j] - dense
             emb[r] |= j == 0
             head[r] |= j == p * v - 1
-    return tuple(nd), tuple(nm), (v,) * p, tuple(emb), tuple(head)
+    return tuple(nd), tuple(nm), (sched.chunks_per_rank(p, v),) * p, tuple(emb), tuple(head)
 
 
 def rank_times(space: Space, t: GroupTables, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -403,7 +408,8 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
 
     ``step.estimate`` adds each collective's exposed part, ``exposed_s(c, window) = c - h + i h`` with h = min(c,
     window) hidden under a window of the rank's compute and i = ``gpu.comm_overlap_interference``, to the pipeline
-    time P, which is at least m x the rank's per-micro-batch time t (so every window is at most t <= P / m):
+    time P, which is at least m x the rank's per-micro-batch time t (so every window is at most t <= P / m; m counts
+    the schedule's passes of a rank's work, m / 2 for DualPipe's pairs):
 
     * ZeRO-0 (all-reduce of the gradients) and ZeRO-1/2 (reduce-scatter of the gradients + all-gather of the
       weights), windows within one micro-batch: step >= P + c - (1 - i) t >= (1 - (1 - i)/m) P + c (and more
@@ -417,7 +423,7 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     """
     g = np.asarray(g, dtype=np.int64)
     n = len(g)
-    m = space.num_microbatches[g]
+    m = space.num_microbatches[g] / _per_pass(space, g)  # passes of each rank's work (DualPipe: m / 2 pairs)
     once = np.array([SCHEDULES[name].zero3_gathers_once_per_step for name in space.schedules])[space.col("sched")[g]]
     i = cluster.gpu.comm_overlap_interference
     dp_shard, edp_shard = t.dp_shard[g], t.expert_dp_shard[g]
@@ -471,7 +477,8 @@ def row_time_bound(space: Space, t: GroupTables, rows: Rows, pipe_floor: np.ndar
     ranks 0 and p-1. ``pipe_floor`` is per row; ``dp_floor`` the (a, C) arrays of ``group_floors`` per row
     (shape rows x k x 4)."""
     g = rows.group
-    pipe = (_work_s(t, g) + _recompute_s(space, t, g, rows.rec)) / space.col("pp")[g] * t.factor[g]
+    pipe = (_work_s(t, g) + _recompute_s(space, t, g, rows.rec)) / space.col("pp")[g] * _per_pass(space, g) * \
+        t.factor[g]
     if pipe_floor is not None:
         pipe = np.maximum(pipe, pipe_floor)
     if dp_floor is not None:
@@ -546,11 +553,17 @@ def _workspace_bytes(t: GroupTables, g, rec, holds_head) -> np.ndarray:
     return np.maximum(ws, np.where(holds_head, t.head_act_bytes[g], 0.0))
 
 
+def _rank_chunks(space: Space, g) -> np.ndarray:
+    """Model chunks each group's ranks hold: vpp, or two for DualPipe (a stage and its mirror, vpp 1)."""
+    mirrored = np.array([SCHEDULES[name].placement is not None for name in space.schedules])[space.col("sched")[g]]
+    return np.where(mirrored, 2, space.col("vpp")[g])
+
+
 def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     """Lower bound on the peak memory: the largest over the checked ranks of model states, activations and the
     workspace floor."""
     g, z, rec = rows.group, rows.zero, rows.rec
-    vpp = space.col("vpp")[g]
+    vpp = _rank_chunks(space, g)
     out = np.zeros(len(g))
     for n, nm, extra, has_emb, inflight, has_head in _end_ranks(space, t, g):
         acts = _activation_bytes(t, g, rec, n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0)
@@ -567,7 +580,7 @@ def group_memory_bound(space: Space, t: GroupTables, groups: np.ndarray | None =
     ``groups``: only these groups (default: all)."""
     g = slice(None) if groups is None else np.asarray(groups, dtype=np.int64)
     n_groups = len(space.groups) if groups is None else len(g)
-    vpp = space.col("vpp")[g]
+    vpp = _rank_chunks(space, g)
     zeros = {max([z for z in space.zero_stages if z <= 2], default=None), 3 if 3 in space.zero_stages else None}
     zeros = sorted(x for x in zeros if x is not None)
     states, acts = [], []

@@ -360,8 +360,7 @@ def _repair(model: ModelSpec, cluster: Cluster, cfg: RunConfig, limit: float) ->
         changed = False
         for st in est.stages:
             if st.peak_memory_bytes > limit:
-                for c in range(cfg.vpp):
-                    j = sched.stage_index(cfg.pp, cfg.vpp, st.rank, c)
+                for j in sched.stages_of(cfg.pp, cfg.vpp, st.rank):
                     if rec[j] < cfg.layers_per_stage[j]:
                         rec[j] += 1
                         changed = True
@@ -379,8 +378,8 @@ def partition(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *,
     a tighter per-GPU budget than the GPU's own ``hbm_bytes - memory_reserve_bytes`` (``--max-memory-gib``)."""
     gpu_limit = cluster.gpu.usable_memory_bytes
     limit = gpu_limit if memory_limit_bytes is None else min(gpu_limit, memory_limit_bytes)
-    if cfg.pp < 2:
-        return cfg
+    if cfg.pp < 2 or get_schedule(cfg.schedule).placement is not None:
+        return cfg  # DualPipe's mirrored stages: each stage's layers load two ranks, which the min-max DP does not
     start = cfg
     if config_problems(model, cluster, cfg) and cfg.layers_per_stage is None:
         # virtual stages need an explicit split when the layers do not divide evenly: start from the even one
@@ -455,8 +454,7 @@ def partition_report(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> str:
     def rec(c: RunConfig, st) -> str:
         if c.recompute != "full":
             return c.recompute
-        sched = get_schedule(c.schedule)
-        js = [sched.stage_index(c.pp, c.vpp, st.rank, k) for k in range(c.vpp)]
+        js = get_schedule(c.schedule).stages_of(c.pp, c.vpp, st.rank)
         if c.recompute_layers_per_stage is not None:
             return "+".join(str(c.recompute_layers_per_stage[j]) for j in js)
         return "+".join(str(n if c.recompute_num_layers is None else min(n, c.recompute_num_layers))
