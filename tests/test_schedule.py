@@ -340,3 +340,27 @@ def test_dualpipe_pairs_are_the_all_to_all_overlap():
             if p[0] == "ep_comm_overlap"]
     fast = estimate(model, cluster, cfg.with_(ep_comm_overlap=True), check=False)
     assert fast.step_time_s < estimate(model, cluster, cfg, check=False).step_time_s
+
+
+def test_dualpipe_copies_join_the_data_parallel_group():
+    """DualPipe's two copies of a stage (ranks r and p - 1 - r) are one more data-parallel replica of it: gradients
+    summed over 2 x DP ranks and ZeRO's shards spread over them, so a rank keeps twice a stage's weights and
+    gradients but a stage's share of optimizer states (DeepSeek-V3 report Sec. 3.2.1: "two copies of the model
+    parameters", not of the optimizer)."""
+    from planner.cost import comm
+    from planner.cost.data_parallel import dp_groups
+    from planner.cost.step import estimate
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    base = RunConfig(num_gpus=64, tp=2, pp=4, global_batch_size=128, seq_len=4096, zero_stage=1)
+    one, dual = estimate(model, cluster, base), estimate(model, cluster, base.with_(schedule="dualpipe"))
+    for a, d in zip(one.stages, dual.stages):
+        mirror = one.stages[base.pp - 1 - a.rank]
+        for state in ("weights", "gradients"):
+            assert d.memory_bytes[state] == pytest.approx(a.memory_bytes[state] + mirror.memory_bytes[state])
+        assert d.memory_bytes["optimizer"] == pytest.approx((a.memory_bytes["optimizer"] +
+                                                             mirror.memory_bytes["optimizer"]) / 2)
+    dense, _ = dp_groups(cluster, 2, 1, 8, 1, None, 2, 4)
+    plain, _ = dp_groups(cluster, 2, 1, 8, 1)
+    assert int(dense.size) == 2 * int(plain.size) and bool(dense.spans_nodes)
+    single = comm.place_group(1, 2, cluster.gpus_per_node)
+    assert int(dp_groups(cluster, 2, 1, 1, 1, None, 2, 2)[0].size) == 2 * int(single.size)

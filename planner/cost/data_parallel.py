@@ -52,13 +52,28 @@ def expert_dp_degree(dp, cp, ep, tp=1, etp=None):
     return np.maximum(1, np.asarray(dp) * cp * tp // (np.asarray(ep) * etp))
 
 
-def dp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None) -> tuple[comm.GroupPlacement, comm.GroupPlacement]:
+def dp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None, replicas=1, pp=1) -> tuple[comm.GroupPlacement,
+                                                                                     comm.GroupPlacement]:
     """(dense, expert) data-parallel groups: DP x CP ranks spaced TP apart (rank order tp-cp-ep-dp-pp), and the
-    expert-data-parallel ranks spaced expert-TP x EP apart (the MoE grid etp-ep-edp)."""
+    expert-data-parallel ranks spaced expert-TP x EP apart (the MoE grid etp-ep-edp). ``replicas``: ranks of one
+    pipeline that hold the same stage (DualPipe's stage and its mirror, 2), which join the stage's data-parallel
+    groups from another pipeline stage: in the same node only when the whole pipeline is (``pp``)."""
     gpn = cluster.gpus_per_node
     etp = tp if etp is None else etp
-    return (comm.place_group(np.asarray(dp) * cp, tp, gpn),
-            comm.place_group(expert_dp_degree(dp, cp, ep, tp, etp), np.asarray(etp) * ep, gpn))
+    dense = comm.place_group(np.asarray(dp) * cp, tp, gpn)
+    expert = comm.place_group(expert_dp_degree(dp, cp, ep, tp, etp), np.asarray(etp) * ep, gpn)
+    replicas = np.asarray(replicas)
+    if not np.any(replicas > 1):
+        return dense, expert
+    across = comm.pipeline_spans_nodes(cluster, tp, cp, dp, pp)
+
+    def mirrored(g: comm.GroupPlacement) -> comm.GroupPlacement:
+        size = np.asarray(g.size) * replicas
+        # the whole group, copies included, in one node; rows without copies keep their own placement
+        inside = ~np.asarray(g.spans_nodes) & (~across | (replicas <= 1))
+        return comm.GroupPlacement(size=size, members_per_node=np.where(inside, size, g.members_per_node),
+                                   spans_nodes=(size > 1) & ~inside)
+    return mirrored(dense), mirrored(expert)
 
 
 @dataclass(frozen=True)

@@ -475,8 +475,11 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     p2p_one = _send_s(model, cluster, cfg.tp, cfg.cp, cfg.micro_batch_size, cfg.seq_len, cfg.sequence_parallel,
                       bool(groups.pp_spans_nodes)) if p > 1 else 0.0
     head_tp = ends.head_tp_s
-    dp_shard = dp * cfg.cp
-    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp))
+    # ZeRO shards a stage's states over every rank holding a copy: its data-parallel replicas, times DualPipe's two
+    # copies of it in one pipeline (schedule.stage_copies), whose gradients are summed with the replicas'
+    copies = sched.stage_copies
+    dp_shard = dp * cfg.cp * copies
+    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp)) * copies
     per_layer_params, gathered, (emb_params, head_params_gpu) = _param_counts(model, cfg.tp, cfg.ep, cfg.expert_tp,
                                                                               cfg.seq_len, cfg.num_stages)
 
@@ -570,7 +573,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     dense_p, expert_p = rank["dense_params"], rank["expert_params"]
     states = model_state_bytes(StageParams(dense_p, expert_p, largest), cfg.zero_stage, dp_shard, expert_dp_shard)
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
-    dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp)
+    dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, copies, p)
     units = np.asarray(layers, dtype=float)[chunks].sum(axis=1)  # ZeRO-3 units: the rank's layers
     coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes, units)
     t_dp = dp_exposed_s(coll, cfg.zero_stage, rank["fwd"], rank["bwd_in"] + rank["bwd_w"], rank["rec"], passes,

@@ -216,7 +216,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         largest_m = gathered_layer_params(model, tp, ep, moe=True)
     stages = pp * vpp
     emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages, ep)
-    dp_shard = space.dp * cp
+    copies = _stage_copies(space, slice(None))  # DualPipe: each stage's two copies join its ZeRO shards
+    dp_shard = space.dp * cp * copies
     return GroupTables(
         fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],
         full_s=t_["full"], layer_full_min_s=t_["full_min"],
@@ -231,7 +232,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=emb_p, head_params=head_p,
-        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep), dense_layers=n_dense,
+        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep) * copies, dense_layers=n_dense,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
         layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
@@ -315,6 +316,11 @@ def _compose_tables(model: ModelSpec, dense: LayerCost, moe: LayerCost | None, e
 
 def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
     return t.fwd_s[g] + t.bwd_input_s[g] + t.bwd_weight_s[g]
+
+
+def _stage_copies(space: Space, g) -> np.ndarray:
+    """Ranks of one pipeline holding each stage (the schedule's ``stage_copies``; DualPipe: 2)."""
+    return np.array([SCHEDULES[name].stage_copies for name in space.schedules])[space.col("sched")[g]]
 
 
 def _per_pass(space: Space, g) -> np.ndarray:
@@ -428,7 +434,7 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     i = cluster.gpu.comm_overlap_interference
     dp_shard, edp_shard = t.dp_shard[g], t.expert_dp_shard[g]
     dense_group, expert_group = dp_groups(cluster, space.col("tp")[g], space.col("cp")[g], space.dp[g],
-                                          space.col("ep")[g])
+                                          space.col("ep")[g], None, _stage_copies(space, g), space.col("pp")[g])
     grad_bytes = space.col("grb")[g]
     coll = np.zeros((n, 4))
     updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage
