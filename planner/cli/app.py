@@ -128,7 +128,7 @@ def name_set(value: str | None, allowed: tuple[str, ...] | list[str], option: st
 
 def search_constraints(tp: str | None, pp: str | None, cp: str | None, ep: str | None, vpp: str | None,
                        micro_batch: str | None, schedules: str | None, zero: str | None,
-                       recompute: str | None):
+                       recompute: str | None, etp: str | None = None):
     """``planner.search.space.Constraints`` from the CLI's constraint options, or None when none is given."""
     from planner.cost.schedule import SCHEDULES
     from planner.search.space import Constraints
@@ -140,6 +140,7 @@ def search_constraints(tp: str | None, pp: str | None, cp: str | None, ep: str |
                            fix=f"use stages of: {', '.join(map(str, ZERO_STAGES))}")
     c = Constraints(tp=int_set(tp, "--tp"), pp=int_set(pp, "--pp"), cp=int_set(cp, "--cp"), ep=int_set(ep, "--ep"),
                     vpp=int_set(vpp, "--vpp"), micro_batch=int_set(micro_batch, "--micro-batch"),
+                    etp=int_set(etp, "--etp"),
                     schedules=name_set(schedules, tuple(SCHEDULES), "--schedules"), zero=zeros,
                     recompute=name_set(recompute, RECOMPUTE_MODES, "--recompute"))
     return c if c.describe() else None
@@ -152,6 +153,7 @@ CONSTRAINT_HELP = {
     "cp": "Allowed CP degrees (value or comma list)",
     "ep": "Allowed EP degrees (value or comma list)",
     "vpp": "Allowed virtual stages per pipeline rank (value or comma list; 1 = none)",
+    "etp": "Allowed expert tensor-parallel degrees of MoE layers (the search tries TP and 1)",
     "micro_batch": "Allowed micro-batch sizes (value or comma list)",
     "schedules": "Allowed pipeline schedules, comma list (`planner list schedules`)",
     "zero": "Allowed ZeRO stages, comma list of 0-3",

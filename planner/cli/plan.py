@@ -138,7 +138,7 @@ def plan(
                                                     f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
-    ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"],
+    ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
     micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
     zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
 ) -> None:
@@ -152,7 +152,7 @@ def plan(
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
     modules = parse_recompute_modules(recompute_modules)
-    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute)
+    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp)
     if emit is not None:
         from planner.export import TARGETS
         if emit not in TARGETS:

@@ -98,7 +98,7 @@ def sweep(
     csv: Path = typer.Option(None, "--csv", help="Write every row to this CSV file"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table (with --csv)"),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
-    ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"],
+    ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
     micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
     zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
 ) -> None:
@@ -122,7 +122,7 @@ def sweep(
         raise PlannerError("--quiet without --csv would print nothing", source="--quiet", fix="add --csv FILE")
     if csv is not None:
         check_writable(csv, "--csv")  # before the work, not after it
-    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute)
+    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp)
     total = len(models) * len(clusters) * len(counts) * len(batches) * len(lengths)
     progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)

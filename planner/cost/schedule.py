@@ -102,6 +102,9 @@ class Schedule:
     #: micro-batches one pass of a rank's per-micro-batch times stands for: 1, or 2 for DualPipe, whose rank times
     #: are one micro-batch of each direction through the rank's stage and its mirror
     microbatches_per_pass: int = 1
+    #: its order pairs one micro-batch's forward with another's backward (DualPipe's F&B), so the batch-level MoE
+    #: all-to-all overlap runs without virtual stages
+    pairs_microbatches: bool = False
     #: ranks of one pipeline that hold each stage: 1, or 2 for DualPipe (stage r on rank r and on rank p - 1 - r);
     #: the copies join the stage's data-parallel group (gradients summed, ZeRO shards over them too)
     stage_copies: int = 1
@@ -565,11 +568,11 @@ SCHEDULES: dict[str, Schedule] = {
                          "mirror, F&B pairs overlap their all-to-alls (DeepSeek-AI 2024)", _dualpipe_time,
                          _dualpipe_inflight, _dualpipe_check, order=_dualpipe_order, defer_w=True,
                          placement=_dualpipe_placement, route=_dualpipe_route, microbatches_per_pass=2,
-                         stage_copies=2),
+                         stage_copies=2, pairs_microbatches=True),
     "dualpipev": Schedule("dualpipev", "DualPipeV: DualPipe cut in half, one direction down and up a V of two "
                           "chunks per rank (DeepSeek-AI 2025; Sea AI Lab)", _dualpipev_time, _dualpipev_inflight,
                           _dualpipev_check, supports_vpp=True, order=_dualpipev_order, stage_index=_v_stage_index,
-                          defer_w=True, torch_name="DualPipeV"),
+                          defer_w=True, torch_name="DualPipeV", pairs_microbatches=True),
     "bfs": Schedule("bfs", "breadth-first looped schedule for sharded data parallelism (Lamy-Poirier 2022)",
                     _interleaved_time, _gpipe_inflight, _bfs_check, supports_vpp=True, order=_bfs_order,
                     zero3_gathers_once_per_step=True, torch_name="LoopedBFS"),

@@ -166,7 +166,7 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         if not model.is_moe or cfg.ep <= 1:
             out.append(("ep_comm_overlap", "overlapping the MoE all-to-alls needs expert parallelism (a MoE model, "
                                            "--ep > 1); drop --ep-comm-overlap"))
-        elif cfg.pp > 1 and cfg.vpp <= 1 and cfg.schedule != "dualpipe":  # DualPipe's F&B pairs are its own
+        elif cfg.pp > 1 and cfg.vpp <= 1 and not getattr(SCHEDULES.get(cfg.schedule), "pairs_microbatches", False):
             out.append(("ep_comm_overlap", "with pipeline parallelism the all-to-all overlap pairs micro-batches of "
                                            "virtual stages (Megatron-Core: needs virtual pipeline stages); add --vpp "
                                            "2 or more, or drop --ep-comm-overlap"))

@@ -161,10 +161,16 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
         par["pipeline_parallel_microbatch_size"] = cfg.micro_batch_size
         par["module_fqns_per_model_part"] = stage_modules(view.layers_per_stage)
     if view.is_moe:
-        # experts sharded by EP and by TP (as the cost model counts them); torchtitan borrows EP from dp_shard*cp
-        if (cfg.dp * cfg.cp) % cfg.ep or cfg.zero_stage == 0 and cfg.ep > 1:
-            raise unsupported(LAUNCHER, f"ep={cfg.ep} must divide the FSDP shard group dp*cp = {cfg.dp * cfg.cp}",
-                              "plan with ZeRO >= 1 and an EP degree dividing dp*cp")
+        # experts sharded by EP and expert TP (as the cost model counts them); torchtitan's ParallelDims (v0.2.2)
+        # borrows EP from dp_shard * cp * tp / etp (its efsdp mesh) and runs expert TP = TP or 1
+        etp = cfg.expert_tp
+        if cfg.ep > 1 and etp not in (1, cfg.tp):
+            raise unsupported(LAUNCHER, f"expert TP {etp} with TP {cfg.tp} (torchtitan runs ETP = TP or 1)",
+                              "plan with --etp 1 or the TP degree, or export to megatron")
+        if (cfg.dp * cfg.cp * cfg.tp) % (cfg.ep * etp) or cfg.zero_stage == 0 and cfg.ep > 1:
+            raise unsupported(LAUNCHER, f"ep*etp = {cfg.ep * etp} must divide the FSDP shard group times TP, "
+                                        f"dp*cp*tp = {cfg.dp * cfg.cp * cfg.tp}",
+                              "plan with ZeRO >= 1 and an EP degree that divides it")
         par["expert_parallel_degree"] = cfg.ep
         par["expert_tensor_parallel_degree"] = cfg.expert_tp
         if dualpipev_overlap:  # torchtitan turns it on by default: say what the plan costed

@@ -158,12 +158,12 @@ class GroupTables:
 
 #: the group columns one layer's costs depend on (``config.LAYER_FIELDS`` as the space varies them; the recompute
 #: mode is fixed to "selective", whose activation bytes the tables keep beside those of "none" and "full")
-LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "tpo", "fa", "epo")
+LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "etp", "tpo", "fa", "epo")
 
 
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
     tp, cp, mb, sp = space.col("tp"), space.col("cp"), space.col("mb"), space.col("sp")
-    pp, vpp, ep = space.col("pp"), space.col("vpp"), space.col("ep")
+    pp, vpp, ep, etp = space.col("pp"), space.col("vpp"), space.col("ep"), space.col("etp")
     n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
     uniq_layers, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
@@ -212,10 +212,10 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     moe_dense, expert_pl = dense_pl, np.zeros(len(tp))
     largest_d = largest_m = gathered_layer_params(model, tp, ep, moe=False)
     if model.is_moe:
-        moe_dense, expert_pl = layer_params_on_gpu(model, tp, ep, moe=True)
-        largest_m = gathered_layer_params(model, tp, ep, moe=True)
+        moe_dense, expert_pl = layer_params_on_gpu(model, tp, ep, moe=True, etp=etp)
+        largest_m = gathered_layer_params(model, tp, ep, moe=True, etp=etp)
     stages = pp * vpp
-    emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages, ep)
+    emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages, ep, etp)
     copies = _stage_copies(space, slice(None))  # DualPipe: each stage's two copies join its ZeRO shards
     dp_shard = space.dp * cp * copies
     return GroupTables(
@@ -232,7 +232,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=emb_p, head_params=head_p,
-        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep) * copies, dense_layers=n_dense,
+        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies, dense_layers=n_dense,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
         layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
@@ -248,11 +248,11 @@ _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none",
 def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective") -> ConfigBatch:
     """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``) of a space, under one
     recompute mode."""
-    t, c, k, b, s, e, tpo, fa, epo = uniq.T
+    t, c, k, b, s, e, x, tpo, fa, epo = uniq.T
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
                                     seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
-                                    precision=space.precision, expert_tp=t,  # the search keeps expert TP = TP
+                                    precision=space.precision, expert_tp=x,
                                     recompute_modules=space.recompute_modules,
                                     ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True)
 
@@ -434,7 +434,8 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     i = cluster.gpu.comm_overlap_interference
     dp_shard, edp_shard = t.dp_shard[g], t.expert_dp_shard[g]
     dense_group, expert_group = dp_groups(cluster, space.col("tp")[g], space.col("cp")[g], space.dp[g],
-                                          space.col("ep")[g], None, _stage_copies(space, g), space.col("pp")[g])
+                                          space.col("ep")[g], space.col("etp")[g], _stage_copies(space, g),
+                                          space.col("pp")[g])
     grad_bytes = space.col("grb")[g]
     coll = np.zeros((n, 4))
     updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage

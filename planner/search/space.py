@@ -77,9 +77,12 @@ class SearchSpace:
     cp_values: tuple[int, ...] | None = None
     ep_values: tuple[int, ...] | None = None
     vpp_values: tuple[int, ...] | None = None
+    #: expert tensor-parallel degrees (of TP and 1, the two both Megatron-Core and torchtitan run)
+    etp_values: tuple[int, ...] | None = None
 
     #: the fields a user's value constraints (``Constraints``) set on a space
-    VALUE_FIELDS = ("tp_values", "pp_values", "cp_values", "ep_values", "vpp_values", "micro_batch_sizes")
+    VALUE_FIELDS = ("tp_values", "pp_values", "cp_values", "ep_values", "vpp_values", "micro_batch_sizes",
+                    "etp_values")
 
     @property
     def value_constraints(self) -> tuple:
@@ -102,6 +105,7 @@ class Constraints:
     ep: tuple[int, ...] | None = None
     vpp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
+    etp: tuple[int, ...] | None = None
     schedules: tuple[str, ...] | None = None
     zero: tuple[int, ...] | None = None
     recompute: tuple[str, ...] | None = None
@@ -116,7 +120,8 @@ class Constraints:
             recompute_modes=keep(space.recompute_modes, self.recompute),
             micro_batch_sizes=self.micro_batch if space.micro_batch_sizes is None else
             keep(space.micro_batch_sizes, self.micro_batch),
-            tp_values=self.tp, pp_values=self.pp, cp_values=self.cp, ep_values=self.ep, vpp_values=self.vpp)
+            tp_values=self.tp, pp_values=self.pp, cp_values=self.cp, ep_values=self.ep, vpp_values=self.vpp,
+            etp_values=self.etp)
         if not (narrowed.schedules and narrowed.zero_stages and narrowed.recompute_modes):
             return None
         return narrowed
@@ -140,7 +145,7 @@ class Constraints:
         """The constraints as the CLI spells them (for messages)."""
         parts = []
         for option, values in (("--tp", self.tp), ("--pp", self.pp), ("--cp", self.cp), ("--ep", self.ep),
-                               ("--vpp", self.vpp), ("--micro-batch", self.micro_batch),
+                               ("--vpp", self.vpp), ("--micro-batch", self.micro_batch), ("--etp", self.etp),
                                ("--schedules", self.schedules), ("--zero", self.zero), ("--recompute", self.recompute)):
             if values is not None:
                 parts.append(f"{option} {','.join(map(str, values))}")
@@ -163,11 +168,12 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(sorted(set(small + [n // d for d in small])))
 
 
-#: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules; the runtime options: "tpo"
-#: TP comm overlap, "fa" flash attention, "ogr" / "opg" overlapped grad reduce / param gather (0/1), "grb" bytes
-#: per element of the gradient reduction
-GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "mb", "sched", "vpp", "sp", "tpo", "fa", "ogr", "opg", "grb",
-              "epo")
+#: group columns (int64); "cp_kind" indexes CP_KINDS, "sched" indexes Space.schedules; "etp" the expert tensor-
+#: parallel degree (TP, or 1 under MoE parallel folding); the runtime options: "tpo" TP comm overlap, "fa" flash
+#: attention, "ogr" / "opg" overlapped grad reduce / param gather (0/1), "grb" bytes per element of the gradient
+#: reduction
+GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "etp", "mb", "sched", "vpp", "sp", "tpo", "fa", "ogr", "opg",
+              "grb", "epo")
 #: the option columns, after the degree columns, and the RunConfig field each sets
 OPTION_FIELDS = {"tpo": "tp_comm_overlap", "fa": "flash_attention", "ogr": "overlap_grad_reduce",
                  "opg": "overlap_param_gather", "grb": "grad_reduce_bytes", "epo": "ep_comm_overlap"}
@@ -193,6 +199,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     tpo_opts = sorted({int(x) for x in space.tp_comm_overlap}, reverse=True)
     epo_opts = sorted({int(x) for x in space.ep_comm_overlap}, reverse=True) if model.is_moe else [0]
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
+    schedule_runs: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}  # (pp, m) -> (schedule, vpp, no overlap)
     tail_sets: list[list[tuple[int, int]]] = []
     def allowed(value: int, values: tuple[int, ...] | None) -> bool:
         return values is None or value in values
@@ -216,10 +223,14 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     dp = num_gpus // (tp * cp * pp)
                     if global_batch % dp:
                         continue
-                    eps = [1]
+                    # (ep, etp) pairs: expert TP = TP with EP dividing DP x CP, or, with TP > 1, expert TP 1 and
+                    # EP folded over TP x CP x DP (Megatron-Core's MoE parallel folding; torchtitan's ETP=1)
+                    ep_etps = [(1, tp)]
                     if model.is_moe:
-                        eps = [e for e in divisors(dp * cp) if model.num_experts % e == 0
-                               and allowed(e, space.ep_values)]
+                        ep_etps = [(e, x) for x in sorted({tp} | ({1} if tp > 1 else set()), reverse=True)
+                                   if allowed(x, space.etp_values)
+                                   for e in divisors(tp * cp * dp // x) if model.num_experts % e == 0
+                                   and allowed(e, space.ep_values) and (x == tp or e > 1)]
                     elif not allowed(1, space.ep_values):
                         continue
                     mbs = divisors(global_batch // dp)
@@ -229,29 +240,34 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     vpps = [([v for v in range(2, L // pp + 1) if near_even_chunks(L, pp * v, space.uneven_chunks)]
                              if pp > 1 else []) if sched.supports_vpp else [1] for sched in scheds]
                     vpps = [[v for v in vs if allowed(v, space.vpp_values)] for vs in vpps]
-                    tails = [(ep, sp, tpo) + opts + (epo,) for ep in eps for sp in sps
-                             if not (ep > 1 and tp > 1 and not sp)  # Megatron-Core MoE: EP with TP needs SP
+                    tails = [(ep, etp, sp, tpo) + opts + (epo,) for ep, etp in ep_etps for sp in sps
+                             # Megatron-Core MoE: EP with TP, and expert TP other than TP, need SP
+                             if not ((ep > 1 or etp != tp) and tp > 1 and not sp)
                              for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts
                              for epo in (epo_opts if ep > 1 else [0])]
                     if not tails:
                         continue
                     tail_id = len(tail_sets)
                     tail_sets.append(tails)
-                    # with PP and no virtual stages the all-to-all overlap cannot run (Megatron-Core's rule)
+                    # with PP and no virtual stages the all-to-all overlap cannot run (Megatron-Core's rule), but
+                    # under a schedule that pairs micro-batches itself (DualPipe's F&B)
                     plain = [t for t in tails if not t[-1]]
                     plain_id = len(tail_sets) if len(plain) < len(tails) else tail_id
                     if plain_id != tail_id:
                         tail_sets.append(plain)
                     for mb in mbs:
                         m = global_batch // (dp * mb)
-                        for s_idx, sched in enumerate(scheds):
-                            for v in vpps[s_idx]:
-                                if sched.check(pp, m, v):
-                                    continue
-                                no_overlap = pp > 1 and v <= 1
-                                if no_overlap and not plain:
-                                    continue
-                                heads.append((tp, cp, k_idx, pp, mb, s_idx, v, plain_id if no_overlap else tail_id))
+                        key = (pp, m)  # the schedules' rules read only pp, m and v: walk them once per (pp, m)
+                        runs = schedule_runs.get(key)
+                        if runs is None:
+                            runs = schedule_runs[key] = [
+                                (s_idx, v, pp > 1 and v <= 1 and not sched.pairs_microbatches)
+                                for s_idx, sched in enumerate(scheds) for v in vpps[s_idx]
+                                if not sched.check(pp, m, v)]
+                        for s_idx, v, no_overlap in runs:
+                            if no_overlap and not plain:
+                                continue
+                            heads.append((tp, cp, k_idx, pp, mb, s_idx, v, plain_id if no_overlap else tail_id))
     if not heads:
         return np.zeros((0, len(GROUP_COLS)), dtype=np.int64)
     head = np.array(heads, dtype=np.int64)
@@ -259,12 +275,15 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     offset = np.cumsum(n_tails) - n_tails
     flat_tails = np.array([pair for t in tail_sets for pair in t], dtype=np.int64)
     reps = n_tails[head[:, 7]]
-    rows = np.repeat(head, reps, axis=0)
-    within = np.arange(len(rows)) - np.repeat(np.cumsum(reps) - reps, reps)
-    tail = flat_tails[np.repeat(offset[head[:, 7]], reps) + within]
-    # GROUP_COLS order: tp, cp, cp_kind, pp, ep, mb, sched, vpp, sp, then the options
-    out = np.empty((len(rows), len(GROUP_COLS)), dtype=np.int64, order="F")  # columns contiguous: col() is read most
-    out[:, :4], out[:, 4], out[:, 5:8], out[:, 8:] = rows[:, :4], tail[:, 0], rows[:, 4:7], tail[:, 1:]
+    head_of = np.repeat(np.arange(len(head)), reps)  # each row's head and tail, then gathered column by column
+    within = np.arange(len(head_of)) - np.repeat(np.cumsum(reps) - reps, reps)
+    tail_of = np.repeat(offset[head[:, 7]], reps) + within
+    # GROUP_COLS order: tp, cp, cp_kind, pp, ep, etp, mb, sched, vpp, sp, then the options
+    out = np.empty((len(head_of), len(GROUP_COLS)), dtype=np.int64, order="F")  # columns contiguous: col() is read most
+    sources = [(head, j) for j in range(4)] + [(flat_tails, j) for j in range(2)] + \
+        [(head, j) for j in range(4, 7)] + [(flat_tails, j) for j in range(2, flat_tails.shape[1])]
+    for k, (src, j) in enumerate(sources):
+        np.take(np.ascontiguousarray(src[:, j]), head_of if src is head else tail_of, out=out[:, k])
     return out
 
 
@@ -370,6 +389,7 @@ class Space:
         mode = "none" if rec == REC_NONE else "selective" if rec == REC_SELECTIVE else "full"
         return RunConfig(
             num_gpus=self.num_gpus, tp=g["tp"], pp=g["pp"], cp=g["cp"], ep=g["ep"], vpp=g["vpp"],
+            etp=None if g["etp"] == g["tp"] else g["etp"],
             global_batch_size=self.global_batch, micro_batch_size=g["mb"], seq_len=self.seq_len,
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,

@@ -37,7 +37,10 @@ def recompute_module_on(modules, name: str):
     over a batch)."""
     if isinstance(modules, str):
         return name in modules.split(",")
-    padded = np.char.add(np.char.add(",", np.asarray(modules, dtype=str)), ",")
+    modules = np.asarray(modules, dtype=str)
+    if modules.size and (modules == modules.flat[0]).all():  # one setting over the batch (a search's): no string ops
+        return np.full(modules.shape, name in str(modules.flat[0]).split(","))
+    padded = np.char.add(np.char.add(",", modules), ",")
     return np.char.find(padded, f",{name},") >= 0
 ZERO_STAGES = (0, 1, 2, 3)
 CP_KINDS = ("ring", "ulysses")
