@@ -16,6 +16,7 @@ from planner.search.bounds import (group_floors, group_memory_bound, group_table
                                    rank_times, refined_group_bounds, row_memory_bound, row_time_bound)
 from planner.search.engine import memory_limit_bytes, search
 from planner.search.space import SearchSpace, build_space
+from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, load_cluster
 from planner.specs.model import ModelSpec, load_model
 
@@ -284,3 +285,20 @@ def test_memory_bound_of_a_subset_equals_the_whole_space_s():
     subset = np.random.default_rng(3).choice(len(sp.groups), 200, replace=False)
     np.testing.assert_array_equal(group_memory_bound(sp, t, subset), group_memory_bound(sp, t)[subset])
 
+
+
+@settings(max_examples=20, deadline=None)
+@given(pp=st.sampled_from([2, 4, 8]), mb=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 3]),
+       rec=st.sampled_from(["none", "selective", "full"]))
+def test_gpipe_is_dominated_by_1f1b_so_the_space_leaves_it_out(pp, mb, zero, rec):
+    """The space skips GPipe where 1F1B is in it (space.group_rows): the same step time, never less memory."""
+    model = load_model("llama-3.1-8b")
+    cfg = RunConfig(num_gpus=64, tp=2, pp=pp, global_batch_size=128, micro_batch_size=mb, seq_len=4096,
+                    zero_stage=zero, recompute=rec, schedule="1f1b")
+    one, gp = estimate(model, H100, cfg), estimate(model, H100, cfg.with_(schedule="gpipe"))
+    assert gp.step_time_s == pytest.approx(one.step_time_s, rel=1e-12)
+    assert gp.peak_memory_bytes >= one.peak_memory_bytes
+    sp = build_space(model, H100, 64, 128, 4096, SearchSpace(schedules=("gpipe", "1f1b")))
+    assert set(sp.col("sched").tolist()) == {sp.schedules.index("1f1b")}
+    alone = build_space(model, H100, 64, 128, 4096, SearchSpace(schedules=("gpipe",)))
+    assert len(alone.groups) > 0

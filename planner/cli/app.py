@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import typer
@@ -163,3 +164,17 @@ CONSTRAINT_HELP = {
 #: the search constraints as typer options, shared by ``plan`` and ``sweep`` (parameter name -> option)
 CONSTRAINT_OPTIONS = {name: typer.Option(None, "--" + name.replace("_", "-"), help=text)
                       for name, text in CONSTRAINT_HELP.items()}
+
+
+def check_writable(path: Path, option: str) -> None:
+    """A file the command will write at the end: its folder exists and takes files, and it is not a folder."""
+    import os
+
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise PlannerError("is a directory", source=option, field=str(path), fix="pass a file path")
+    if not parent.is_dir():
+        raise PlannerError(f"no such directory: {parent}", source=option, field=str(path),
+                           fix="create the directory first or pass another path")
+    if not os.access(parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        raise PlannerError("not writable", source=option, field=str(path), fix="pass a writable path")

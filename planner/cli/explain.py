@@ -15,8 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from planner.cli.app import app, console, err, handle_errors
+from planner.cli.app import app, check_writable, console, err, handle_errors
 from planner.cli.render import TIME_LABELS, add_columns, config_line, summary_table
+from planner.cost.schedule import get_schedule
 from planner.cost.step import estimate
 from planner.errors import PlannerError
 from planner.plan import config_from_dict, model_from_plan_dict
@@ -86,7 +87,7 @@ def stage_time_table(est: dict[str, Any], cfg: RunConfig) -> Table:
 def stage_comm_table(est: dict[str, Any], cfg: RunConfig) -> Table:
     """Per pipeline rank: exposed communication per micro-batch, busy time per step and idle time (bubble and
     waiting)."""
-    m = cfg.num_microbatches
+    m = get_schedule(cfg.schedule).passes(cfg.num_microbatches)  # per-micro-batch work runs per step (DualPipe: m/2)
     pipe_s = est["step_time_s"] - est["breakdown"].get("dp_comm_s", 0.0) - est["breakdown"].get("optimizer_s", 0.0)
     t = Table(title="Exposed communication per pipeline rank (ms per micro-batch) and its time per step (s)")
     add_columns(t, ("rank", "TP comm", "CP comm", "EP comm", "PP comm", "busy s/step", "idle s/step"))
@@ -184,10 +185,16 @@ def explain(
                                      show_default=False),
     stored: bool = typer.Option(False, "--stored", help="Show the estimate stored in the plan; do not re-estimate"),
     width: int = typer.Option(40, "--width", help="Width of the bar chart in characters"),
+    html_file: Path = typer.Option(None, "--html", help="Write one self-contained HTML page (no network): the "
+                                                        "simulated pipeline timeline, the step-time breakdown and "
+                                                        "the memory per rank", show_default=False),
 ) -> None:
-    """Explain a plan: time and memory per pipeline stage and a bar chart of where the step time goes."""
+    """Explain a plan: time and memory per pipeline stage and a bar chart of where the step time goes (or, with
+    --html FILE, a page with the pipeline timeline)."""
     if width < 1:
         raise PlannerError(f"must be >= 1, got {width}", source="--width")
+    if html_file is not None:
+        check_writable(html_file, "--html")
     d = read_json_file(plan_file, "plan JSON")
     source = str(plan_file)
     validate_plan_json(d, source)
@@ -196,4 +203,9 @@ def explain(
     if old and origin.startswith("re-estimated") and abs(est["step_time_s"] - old) > RESIDUAL_FRACTION * old:
         err(f"note: the plan stored a step time of {old:.3f} s; the current cost model estimates "
             f"{est['step_time_s']:.3f} s")
+    if html_file is not None:
+        from planner.cli.html_report import render_html
+        html_file.write_text(render_html(d, est, origin, config_from_dict(d, source)))
+        console().print(f"wrote {html_file}")
+        return
     print_explanation(console(), d, est, origin, width)

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from planner.cli.app import CONSTRAINT_OPTIONS, app, console, err, handle_errors, search_constraints
+from planner.cli.app import (CONSTRAINT_OPTIONS, app, check_writable, console, err, handle_errors,
+                              search_constraints)
 from planner.cli.render import add_columns
 from planner.errors import PlannerError
 
@@ -37,20 +38,6 @@ def int_values(values: list[str] | None, option: str) -> list[int]:
             raise PlannerError(f"must be >= 1, got {n}", source=option)
         out.append(n)
     return out
-
-
-def check_writable(path: Path, option: str) -> None:
-    """A file the command will write at the end: its folder exists and takes files, and it is not a folder."""
-    import os
-
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise PlannerError("is a directory", source=option, field=str(path), fix="pass a file path")
-    if not parent.is_dir():
-        raise PlannerError(f"no such directory: {parent}", source=option, field=str(path),
-                           fix="create the directory first or pass another path")
-    if not os.access(parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
-        raise PlannerError("not writable", source=option, field=str(path), fix="pass a writable path")
 
 
 def result_table(df: Any) -> Table:
