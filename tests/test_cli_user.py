@@ -191,9 +191,13 @@ def test_list_launchers_names_the_releases_the_conformance_check_installs():
     r = run(["list", "launchers", "--json"])
     assert r.exit_code == 0, r.output
     rows = {row["name"]: row for row in json.loads(r.stdout)}
-    assert set(rows) == {"megatron", "torchtitan", "deepspeed", "nemo"}
-    pins = dict(line.split("#")[0].strip().split("==") for line in
-                (Path(__file__).parents[1] / "conformance" / "requirements.txt").read_text().splitlines()
-                if "==" in line.split("#")[0])
-    assert pins["deepspeed"] in rows["deepspeed"]["release"] and pins["torchtitan"] in rows["torchtitan"]["release"]
+    assert set(rows) == {"megatron", "torchtitan", "torchtitan-0.3", "deepspeed", "nemo"}
+
+    def pins(folder: str) -> dict[str, str]:
+        return dict(line.split("#")[0].strip().split("==") for line in
+                    (Path(__file__).parents[1] / folder / "requirements.txt").read_text().splitlines()
+                    if "==" in line.split("#")[0])
+    assert pins("conformance")["deepspeed"] in rows["deepspeed"]["release"]
+    assert pins("conformance")["torchtitan"] in rows["torchtitan"]["release"]
+    assert pins("conformance_tt03")["torchtitan"] in rows["torchtitan-0.3"]["release"]
     assert "conformance" in rows["deepspeed"]["checked_by"] and "Megatron-Bridge" in rows["nemo"]["release"]

@@ -103,6 +103,22 @@ def config_only_plan(model: str = "llama-3.1-70b", **cfg) -> dict:
     return json.loads(json.dumps(d))
 
 
+def check_torchtitan03(plan: dict) -> dict:
+    """The ``ParallelismConfig`` keywords of a torchtitan-0.3 export (parsed from its source; torchtitan 0.3 itself
+    reads it in conformance_tt03/), checked against the plan's degrees and layers."""
+    import ast
+    tree = ast.parse(emit(plan, "torchtitan-0.3"))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "ParallelismConfig"]
+    par = {k.arg: ast.literal_eval(k.value) for k in calls[0].keywords}
+    p = plan["parallelism"]
+    assert (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"], par["tensor_parallel_degree"],
+            par["context_parallel_degree"], par["pipeline_parallel_degree"]) == (p["dp"], p["tp"], p["cp"], p["pp"])
+    if p["pp"] > 1:
+        named = [m for part in par["module_fqns_per_model_part"] for m in part if m.startswith("layers.")]
+        assert len(named) == len(set(named)) == sum(plan["layers_per_stage"])
+    return par
+
+
 # ----- Megatron-LM --------------------------------------------------------------------------------------------
 def test_megatron_gpt3_arguments(gpt3):
     text = emit(gpt3, "megatron")
@@ -449,8 +465,14 @@ SEARCHED = {"gpt3-175b": ("a100-80gb-sxm", 1536, 1536, 2048), "llama-3.1-405b": 
 @pytest.mark.parametrize("model", sorted(SEARCHED))
 def test_searched_plans_export_for_every_launcher(model, target):
     """The acceptance models, planned by the search for each launcher: the export is accepted and holds the plan."""
+    from planner.errors import InfeasibleError
     from planner.export import plan_for_launcher
+    from planner.export.torchtitan03 import MODELS
     cluster, gpus, batch, seq = SEARCHED[model]
+    if target == "torchtitan-0.3" and model not in MODELS:  # torchtitan 0.3 ships no configuration of it
+        with pytest.raises(InfeasibleError, match="ships configurations"):
+            plan_for_launcher(load_model(model), load_cluster(cluster), gpus, batch, seq, target)
+        return
     plan = json.loads(plan_for_launcher(load_model(model), load_cluster(cluster), gpus, batch, seq, target).to_json())
     assert plan["num_gpus"] == gpus and plan["batch"]["global_batch_size"] == batch
     par = plan["parallelism"]
@@ -465,6 +487,8 @@ def test_searched_plans_export_for_every_launcher(model, target):
         assert kv["--global-batch-size"] == str(batch) and kv["--seq-length"] == str(seq)
     elif target == "torchtitan":
         check_torchtitan(plan)
+    elif target == "torchtitan-0.3":
+        check_torchtitan03(plan)
     elif target == "deepspeed":
         ds = json.loads(emit(plan, "deepspeed"))
         assert set(ds) <= DEEPSPEED_KEYS
@@ -556,6 +580,8 @@ def test_every_valid_config_exports_faithfully_or_is_refused(plan):
                 assert len(chunks) == par["pp"] * par["vpp"]
         elif target == "torchtitan":
             check_torchtitan(plan)
+        elif target == "torchtitan-0.3":
+            check_torchtitan03(plan)
         elif target == "deepspeed":
             ds = json.loads(text)
             assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * \

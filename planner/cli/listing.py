@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import typer
@@ -62,7 +63,7 @@ def schedule_launchers(name: str) -> str:
     if name == "1f1b":
         out.append("deepspeed")
     if torchtitan.SCHEDULE_NAMES.get(name):
-        out.append(f"torchtitan ({torchtitan.SCHEDULE_NAMES[name]})")
+        out.append(f"torchtitan, torchtitan-0.3 ({torchtitan.SCHEDULE_NAMES[name]})")
     return ", ".join(out) or "none"
 
 
@@ -73,13 +74,11 @@ def schedule_rows() -> list[dict[str, Any]]:
 
 def launcher_rows() -> list[dict[str, Any]]:
     """The exporters: the release each targets, what it writes, what checks it, and the schedules it runs."""
-    from importlib import import_module
-
-    from planner.export import TARGETS
+    from planner.export import TARGETS, target_module
     out = []
     for name in TARGETS:
-        mod = import_module(f"planner.export.{name}")
-        runs = [s for s in SCHEDULES if name in schedule_launchers(s)]
+        mod = target_module(name)
+        runs = [s for s in SCHEDULES if name in re.findall(r"[\w.-]+", schedule_launchers(s))]
         out.append({"name": name, "release": mod.RELEASE, "format": mod.FORMAT, "checked_by": mod.CHECKED_BY,
                     "schedules": ", ".join(runs)})
     return out

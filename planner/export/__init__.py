@@ -1,4 +1,5 @@
-"""Launcher-ready configurations from a plan: Megatron-LM arguments, torchtitan TOML, DeepSpeed JSON, NeMo 2.0.
+"""Launcher-ready configurations from a plan: Megatron-LM arguments, torchtitan 0.2 TOML and 0.3 Python config,
+DeepSpeed JSON, Megatron-Bridge (NeMo).
 
 ``emit(plan, target)`` returns the file text; ``export(plan, target)`` also returns the notes a user must read
 (what the file leaves out, how a knob was mapped) and the usual file suffix. ``plan`` is a ``planner.plan.Plan``
@@ -19,6 +20,7 @@ from planner.errors import PlannerError
 _TARGETS = {
     "megatron": ("planner.export.megatron", ".sh"),
     "torchtitan": ("planner.export.torchtitan", ".toml"),
+    "torchtitan-0.3": ("planner.export.torchtitan03", ".py"),
     "deepspeed": ("planner.export.deepspeed", ".json"),
     "nemo": ("planner.export.nemo", ".py"),
 }
@@ -33,14 +35,15 @@ class Export:
     suffix: str
 
 
-def _module(target: str, option: str = "--to"):
+def target_module(target: str, option: str = "--to"):
+    """The exporter module of a target (its RELEASE, FORMAT, CHECKED_BY, render, notes)."""
     if target not in _TARGETS:
         raise PlannerError(f"unknown launcher '{target}'", source=option, fix=f"use one of: {', '.join(TARGETS)}")
     return importlib.import_module(_TARGETS[target][0])
 
 
 def export(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to") -> Export:
-    mod = _module(target, option)
+    mod = target_module(target, option)
     text = mod.render(plan, source)
     return Export(target=target, text=text, notes=tuple(mod.notes(plan, source)), suffix=_TARGETS[target][1])
 
@@ -52,4 +55,5 @@ def emit(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to"
 
 from planner.export.spaces import launcher_spaces, plan_for_launcher, stack_spaces  # noqa: E402  (needs TARGETS)
 
-__all__ = ["TARGETS", "Export", "emit", "export", "launcher_spaces", "plan_for_launcher", "stack_spaces"]
+__all__ = ["TARGETS", "Export", "emit", "export", "launcher_spaces", "plan_for_launcher", "stack_spaces",
+           "target_module"]

@@ -27,7 +27,7 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
 
     if target not in TARGETS:
         raise PlannerError(f"unknown launcher '{target}'", source=option, fix=f"use one of: {', '.join(TARGETS)}")
-    refused = {"deepspeed": ("fp8", "mxfp8"), "torchtitan": ("fp16",)}.get(target, ())
+    refused = {"deepspeed": ("fp8", "mxfp8"), "torchtitan": ("fp16",), "torchtitan-0.3": ("fp16",)}.get(target, ())
     if precision in refused:
         raise PlannerError(f"{target} cannot train with {precision} GEMMs", source="--precision",
                            fix="use another --precision or launcher (megatron and nemo run bf16, fp16, fp8, mxfp8)")
@@ -41,6 +41,11 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
         # ZeRO-2/3 through Megatron FSDP, which needs a model without pipeline stages
         return [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1)),
                 replace(base, max_pp=1)]
+    if target == "torchtitan-0.3":  # no expert TP (experts whole on their EP rank), no MoE all-to-all overlap
+        base = replace(base, ep_comm_overlap=(False,), etp_values=(1,))
+        schedules = tuple(s for s in base.schedules if torchtitan.SCHEDULE_NAMES.get(s))
+        return [replace(base, schedules=schedules, cp_kinds=tuple(k for k in base.cp_kinds if k in
+                                                                  torchtitan.CP_ROTATE))]
     if target == "torchtitan":  # no batch-level MoE all-to-all overlap in either of the two below
         base = replace(base, ep_comm_overlap=(False,))
         schedules = tuple(s for s in base.schedules if torchtitan.SCHEDULE_NAMES.get(s))

@@ -77,16 +77,16 @@ def to_toml(sections: dict[str, dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def stage_modules(layers: tuple[int, ...]) -> list[list[str]]:
+def stage_modules(layers: tuple[int, ...], head: str = "output") -> list[list[str]]:
     """torchtitan module names of every pipeline stage in model order (Llama naming: tok_embeddings, layers.i,
-    norm, output)."""
+    norm and the LM head, ``output`` in 0.2, ``lm_head`` in 0.3's common decoder)."""
     parts, start = [], 0
     for i, n in enumerate(layers):
         names = ["tok_embeddings"] if i == 0 else []
         names += [f"layers.{j}" for j in range(start, start + n)]
         start += n
         if i == len(layers) - 1:
-            names += ["norm", "output"]
+            names += ["norm", head]
         parts.append(names)
     return parts
 
@@ -111,6 +111,29 @@ def _activation_checkpoint(view: PlanView) -> dict[str, Any]:
     return {"mode": "selective", "selective_ac_option": str(every.pop())}
 
 
+def check_runs(cfg, launcher: str) -> str | None:
+    """Refuse what no torchtitan release runs (Megatron's recompute modules, Ulysses CP, schedules torch has no class
+    for, V schedules without two stages per rank); the torch.distributed.pipelining schedule name (None without PP).
+    Shared by the 0.2 and 0.3 exporters."""
+    if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        raise unsupported(launcher, f"selective recomputation of {cfg.recompute_modules} (torchtitan's selective "
+                                    "activation checkpointing picks ops by its own policy, not Megatron's modules)",
+                          "plan with the default --recompute-modules, or export to megatron / nemo")
+    if cfg.cp > 1 and cfg.cp_kind not in CP_ROTATE:
+        raise unsupported(launcher, f"{cfg.cp_kind} context parallelism (torchtitan's context parallelism is "
+                                    "ring attention)", "plan with cp_kind ring or export to megatron")
+    if cfg.pp <= 1:
+        return None
+    name = SCHEDULE_NAMES.get(cfg.schedule)
+    if name is None:
+        raise unsupported(launcher, f"pipeline schedule '{cfg.schedule}' has no torch.distributed.pipelining class",
+                          f"plan with one of: {', '.join(k for k, v in SCHEDULE_NAMES.items() if v)}")
+    if name in V_SCHEDULES and cfg.vpp != 2:
+        raise unsupported(launcher, f"{name} places exactly two stages per rank, the plan has vpp={cfg.vpp}",
+                          "plan with vpp 2")
+    return name
+
+
 def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
     """The TOML content as a dict of sections (what ``render`` writes)."""
     view = read_plan(plan, source)
@@ -123,22 +146,7 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
         raise unsupported(LAUNCHER, f"the MoE all-to-all overlap of DualPipeV with recompute {cfg.recompute} "
                                     "(torchtitan's pipeline_parallel_expert_parallel_overlap runs without "
                                     "activation checkpointing)", "plan with --recompute none, or export to megatron")
-    if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
-        raise unsupported(LAUNCHER, f"selective recomputation of {cfg.recompute_modules} (torchtitan's selective "
-                                    "activation checkpointing picks ops by its own policy, not Megatron's modules)",
-                          "plan with the default --recompute-modules, or export to megatron / nemo")
-    if cfg.cp > 1 and cfg.cp_kind not in CP_ROTATE:
-        raise unsupported(LAUNCHER, f"{cfg.cp_kind} context parallelism (torchtitan's context parallelism is "
-                                    "ring attention)", "plan with cp_kind ring or export to megatron")
-    pipe_name = None
-    if cfg.pp > 1:
-        pipe_name = SCHEDULE_NAMES.get(cfg.schedule)
-        if pipe_name is None:
-            raise unsupported(LAUNCHER, f"pipeline schedule '{cfg.schedule}' has no torch.distributed.pipelining "
-                                        "class", f"plan with one of: {', '.join(k for k, v in SCHEDULE_NAMES.items() if v)}")
-        if pipe_name in V_SCHEDULES and cfg.vpp != 2:
-            raise unsupported(LAUNCHER, f"{pipe_name} places exactly two stages per rank, the plan has vpp={cfg.vpp}",
-                              "plan with vpp 2")
+    pipe_name = check_runs(cfg, LAUNCHER)
     training = {"global_batch_size": cfg.global_batch_size, "seq_len": cfg.seq_len}
     training["local_batch_size"] = cfg.micro_batch_size * (cfg.num_microbatches if cfg.pp > 1 else 1)
     par: dict[str, Any] = {}

@@ -26,6 +26,7 @@ OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather",
                "grad_reduce_dtype")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
+                   "torchtitan-0.3": "torchtitan",
                    "deepspeed": "deepspeed"}
 #: the --stack value of plan / sweep that searches everything the cost model knows, whatever runs it
 ANY_STACK = "any"
