@@ -126,8 +126,9 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     timings: bool = typer.Option(False, "--timings", help="With --json: add the search's wall and CPU time "
                                                           "(these vary from run to run; the rest is byte-identical)"),
-    emit: str = typer.Option(None, "--emit", help="Also write a launcher config: megatron | torchtitan | deepspeed | "
-                                                  "nemo (the search then covers only what it runs)"),
+    emit: str = typer.Option(None, "--emit", help="Also write a launcher config: megatron | torchtitan | "
+                                                  "torchtitan-0.3 | deepspeed | nemo (the search then covers only "
+                                                  "what it runs)"),
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),

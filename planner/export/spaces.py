@@ -103,9 +103,13 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
     when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
+    from planner.export import target_module
     from planner.plan import search_plans
     from planner.search.engine import objective_key
 
+    check_model = getattr(target_module(target, option), "check_model", None)
+    if check_model is not None:  # a launcher that runs only the models it ships: refuse before searching
+        check_model(model.name, option)
     spaces = (stack_spaces(stack, target, precision, recompute_modules) if stack is not None
               else launcher_spaces(target, option, precision, recompute_modules))
     if constraints is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, refuse_megatron_core_only,
                                     summary_comment, unsupported)
 from planner.export.torchtitan import check_runs, stage_modules
@@ -51,13 +52,20 @@ MODELS: dict[str, tuple[str, str, str]] = {
 _SWAPPED = {"llama-3.1-405b"}
 
 
-def _model(view: PlanView) -> tuple[str, str, str]:
-    key = view.model_name.lower()
+def check_model(name: str, option: str | None = None) -> tuple[str, str, str]:
+    """(family, flavor, shipped function) of a model torchtitan 0.3 ships a configuration of; refused otherwise
+    (``option``: the CLI option that asked, for the message)."""
+    key = name.lower()
     if key not in MODELS:
         shipped = ", ".join(sorted(MODELS))
-        raise unsupported(LAUNCHER, f"model '{view.model_name}' (torchtitan 0.3 ships configurations of: {shipped})",
+        err = unsupported(LAUNCHER, f"model '{name}' (torchtitan 0.3 ships configurations of: {shipped})",
                           "plan one of those models, or export to megatron / deepspeed")
+        raise err if option is None else PlannerError(err.reason, source=option, fix=err.fix)
     return MODELS[key]
+
+
+def _model(view: PlanView) -> tuple[str, str, str]:
+    return check_model(view.model_name)
 
 
 def _activation_checkpoint(view: PlanView) -> str:
