@@ -72,8 +72,9 @@ def time_chart(est: dict[str, Any], width: int) -> Table:
 
 def stage_time_table(est: dict[str, Any], cfg: RunConfig) -> Table:
     """Per pipeline rank: per-micro-batch compute times (the communication and idle time: ``stage_comm_table``)."""
-    m = cfg.num_microbatches
-    t = Table(title=f"Time per pipeline rank (ms per micro-batch; {m} micro-batches per step)")
+    m, sched = cfg.num_microbatches, get_schedule(cfg.schedule)
+    unit = "micro-batch" if sched.microbatches_per_pass == 1 else "pass: one micro-batch each way"
+    t = Table(title=f"Time per pipeline rank (ms per {unit}; {m} micro-batches per step)")
     add_columns(t, ("rank", "layers", "fwd", "bwd", "bwd W", "recomp", "per mb"), text=("layers",))
     busiest = max(s["fwd_s"] + s["bwd_s"] + s["recompute_s"] for s in est["stages"])
     for s in est["stages"]:
