@@ -47,6 +47,8 @@ CONFIGS = [
     dict(model="llama-3.1-405b", num_gpus=2048, tp=8, pp=16, global_batch_size=1024, seq_len=8192,
          layers_per_stage=(7,) + (8,) * 14 + (7,)),
     dict(model="mixtral-8x7b", num_gpus=64, tp=2, ep=8, global_batch_size=64, seq_len=4096),
+    dict(model="llama-3.1-70b", num_gpus=64, tp=8, global_batch_size=64, zero_stage=3, recompute="full",
+         sequence_parallel=True, dp_shard=4),
 ]
 
 

@@ -37,6 +37,7 @@ CONFIGS = [
          sequence_parallel=True),
     dict(model=f"{MODELS}/qwen3-30b-a3b.json", num_gpus=16, ep=8, global_batch_size=64, seq_len=4096),
     dict(model=f"{MODELS}/gpt-oss-120b.json", num_gpus=64, ep=8, global_batch_size=64, seq_len=4096),
+    dict(model="llama-3.1-8b", num_gpus=64, global_batch_size=128, zero_stage=3, dp_shard=8),
 ]
 
 

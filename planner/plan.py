@@ -42,7 +42,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
         "parallelism": {
             "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
             "sequence_parallel": cfg.sequence_parallel, "zero_stage": cfg.zero_stage, "cp_kind": cfg.cp_kind,
-            "etp": cfg.expert_tp,
+            "etp": cfg.expert_tp, "dp_shard": cfg.dp_shard,
         },
         "batch": {
             "global_batch_size": cfg.global_batch_size, "micro_batch_size": cfg.micro_batch_size,
@@ -126,7 +126,7 @@ def config_from_dict(d: dict[str, Any], source: str = "<plan>") -> RunConfig:
         return RunConfig(
             num_gpus=int(d["num_gpus"]), tp=par["tp"], pp=par["pp"], cp=par.get("cp", 1), ep=par.get("ep", 1),
             vpp=par.get("vpp", 1), sequence_parallel=par["sequence_parallel"], zero_stage=par["zero_stage"],
-            etp=par["etp"] if par.get("etp", par["tp"]) != par["tp"] else None,
+            etp=par["etp"] if par.get("etp", par["tp"]) != par["tp"] else None, dp_shard=par.get("dp_shard"),
             cp_kind=par.get("cp_kind", "ring"), global_batch_size=batch["global_batch_size"],
             micro_batch_size=batch["micro_batch_size"], seq_len=batch["seq_len"], schedule=d["schedule"],
             recompute=rec["mode"], recompute_num_layers=rec.get("num_layers"),

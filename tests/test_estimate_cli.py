@@ -21,7 +21,7 @@ def test_estimate_json_has_the_documented_fields():
     for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_gib", "fits", "breakdown"):
         assert key in est
     assert d["parallelism"] == {"tp": 8, "pp": 8, "dp": 16, "cp": 1, "ep": 1, "vpp": 1, "sequence_parallel": True,
-                                "zero_stage": 1, "cp_kind": "ring", "etp": 8}
+                                "zero_stage": 1, "cp_kind": "ring", "etp": 8, "dp_shard": None}
     assert d["batch"] == {"global_batch_size": 1536, "micro_batch_size": 1, "num_microbatches": 96, "seq_len": 2048}
     assert d["schema_version"]
     # the breakdown adds up to the step time

@@ -34,6 +34,7 @@ MEGATRON_FLAGS = {
     "--global-batch-size", "--seq-length", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce",
     "--overlap-param-gather", "--tp-comm-overlap", "--accumulate-allreduce-grads-in-fp32", "--num-layers",
+    "--num-distributed-optimizer-instances",
     "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups",
     "--kv-channels", "--max-position-embeddings", "--untie-embeddings-and-output-weights", "--swiglu",
     "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
@@ -321,6 +322,7 @@ BRIDGE_PATHS = {
     "train.global_batch_size", "model.recompute_granularity", "model.recompute_modules", "model.recompute_method",
     "model.recompute_num_layers", "ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer",
     "ddp.overlap_grad_reduce", "ddp.overlap_param_gather", "ddp.grad_reduce_in_fp32", "ddp.use_megatron_fsdp",
+    "ddp.num_distributed_optimizer_instances",
     "ddp.data_parallel_sharding_strategy", "checkpoint.ckpt_format", "mixed_precision",
     "model.cross_entropy_loss_fusion", "model.cpu_offloading", "model.cpu_offloading_num_layers"}
 #: Megatron-Bridge mixed-precision presets the export may name (megatron/bridge/training/mixed_precision.py)

@@ -61,6 +61,8 @@ def estimate(
     cp_kind: str = typer.Option("ring", "--cp-kind", help="Context parallelism: ring (Megatron CP) | ulysses"),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE models; ep x etp divides tp x cp x dp)"),
     etp: int = typer.Option(None, "--etp", help="Expert tensor-parallel degree (MoE models; default: --tp)"),
+    dp_shard: int = typer.Option(None, "--dp-shard", help="HSDP: ZeRO shards over groups of this many data-parallel "
+                                                          "ranks, replicated across the rest of DP (default: all)"),
     vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages (model chunks) per pipeline rank"),
     global_batch: int = typer.Option(..., "--global-batch", help="Global batch size in sequences"),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size in sequences"),
@@ -126,7 +128,7 @@ def estimate(
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
-                    precision=precision, layers_per_stage=split, etp=etp, recompute_modules=modules,
+                    precision=precision, layers_per_stage=split, etp=etp, dp_shard=dp_shard, recompute_modules=modules,
                     ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers,
                     fused_cross_entropy=fused_cross_entropy)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,

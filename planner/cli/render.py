@@ -78,7 +78,9 @@ def config_line(cfg: RunConfig) -> str:
              for label, value, _ in degrees(cfg)]
     parts += [f"mb {cfg.micro_batch_size} x {cfg.num_microbatches}", cfg.schedule,
               f"recompute {cfg.recompute}" + (f"({cfg.recompute_num_layers})" if cfg.recompute_num_layers else ""),
-              f"ZeRO-{cfg.zero_stage}", "SP" if cfg.sequence_parallel and cfg.tp > 1 else "no SP"]
+              f"ZeRO-{cfg.zero_stage}" + (f" (HSDP: shards of {cfg.zero_shard_dp} DP ranks x {cfg.dp_replicas} "
+                                           f"replicas)" if cfg.dp_shard is not None else ""),
+              "SP" if cfg.sequence_parallel and cfg.tp > 1 else "no SP"]
     if cfg.tp_comm_overlap and cfg.tp > 1:
         parts.append("TP overlap")
     if cfg.precision != "bf16":

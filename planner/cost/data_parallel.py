@@ -52,16 +52,34 @@ def expert_dp_degree(dp, cp, ep, tp=1, etp=None):
     return np.maximum(1, np.asarray(dp) * cp * tp // (np.asarray(ep) * etp))
 
 
-def dp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None, replicas=1, pp=1) -> tuple[comm.GroupPlacement,
-                                                                                     comm.GroupPlacement]:
+def hsdp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None, dp_shard=None) -> tuple[comm.GroupPlacement,
+                                                                                       comm.GroupPlacement]:
+    """HSDP's replicate groups (dense, expert): each GPU's peers holding the same shard, one per shard group of
+    ``dp_shard`` DP ranks, which sit outside it (FSDP2's mesh: replicate outer, shard inner; Megatron's distributed-
+    optimizer instances likewise): dp / dp_shard members spaced the shard group's span apart. None: no HSDP."""
+    if dp_shard is None:
+        return None
+    gpn = cluster.gpus_per_node
+    etp = tp if etp is None else etp
+    replicas = np.asarray(dp) // np.asarray(dp_shard)
+    expert_shard = expert_dp_degree(dp, cp, ep, tp, etp) // replicas
+    return (comm.place_group(replicas, np.asarray(tp) * cp * dp_shard, gpn),
+            comm.place_group(replicas, np.asarray(etp) * ep * expert_shard, gpn))
+
+
+def dp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None, replicas=1, pp=1, dp_shard=None) -> tuple[
+        comm.GroupPlacement, comm.GroupPlacement]:
     """(dense, expert) data-parallel groups: DP x CP ranks spaced TP apart (rank order tp-cp-ep-dp-pp), and the
     expert-data-parallel ranks spaced expert-TP x EP apart (the MoE grid etp-ep-edp). ``replicas``: ranks of one
     pipeline that hold the same stage (DualPipe's stage and its mirror, 2), which join the stage's data-parallel
-    groups from another pipeline stage: in the same node only when the whole pipeline is (``pp``)."""
+    groups from another pipeline stage: in the same node only when the whole pipeline is (``pp``). ``dp_shard``
+    (HSDP): the groups are the shard groups of that many DP ranks (x CP), their replicas are ``hsdp_groups``."""
     gpn = cluster.gpus_per_node
     etp = tp if etp is None else etp
-    dense = comm.place_group(np.asarray(dp) * cp, tp, gpn)
-    expert = comm.place_group(expert_dp_degree(dp, cp, ep, tp, etp), np.asarray(etp) * ep, gpn)
+    shard = dp if dp_shard is None else dp_shard  # HSDP: ZeRO's groups are the shard groups, inside the replicas
+    hsdp = np.asarray(dp) // np.asarray(shard)
+    dense = comm.place_group(np.asarray(shard) * cp, tp, gpn)
+    expert = comm.place_group(expert_dp_degree(dp, cp, ep, tp, etp) // hsdp, np.asarray(etp) * ep, gpn)
     replicas = np.asarray(replicas)
     if not np.any(replicas > 1):
         return dense, expert
@@ -95,7 +113,7 @@ class DPCollectives:
 
 
 def dp_collectives(cluster: Cluster, dense_group: comm.GroupPlacement, expert_group: comm.GroupPlacement,
-                   dense_params, expert_params, grad_reduce_bytes, units=1.0) -> DPCollectives:
+                   dense_params, expert_params, grad_reduce_bytes, units=1.0, replica_groups=None) -> DPCollectives:
     """NCCL collectives (``planner.cost.comm``) over the dense and expert DP groups for the given parameters, added
     up; the gradients travel at ``grad_reduce_bytes`` per element, the weights in bf16. Per group, the buffers
     (gradients, weights; whole, and one of ``units`` equal ZeRO-3 units) go through one reduce-scatter evaluation
@@ -110,6 +128,12 @@ def dp_collectives(cluster: Cluster, dense_group: comm.GroupPlacement, expert_gr
 
     rs_dense, ag_dense, urs_dense, uag_dense = per_group(dense_group, dense_params)
     rs_expert, ag_expert, urs_expert, uag_expert = per_group(expert_group, expert_params)
+    if replica_groups is not None:
+        # HSDP (Zhao et al. 2023, "PyTorch FSDP", Sec. 3.2.2, hybrid sharding): after the reduce-scatter inside the
+        # shard group, each GPU all-reduces its gradient shard with the replicas of its shard (in the same window)
+        rep = comm.all_reduce_s(cluster, replica_groups[0], dense_params / dense_group.size * grad_reduce_bytes) + \
+            comm.all_reduce_s(cluster, replica_groups[1], expert_params / expert_group.size * grad_reduce_bytes)
+        rs_dense, urs_dense = rs_dense + rep, urs_dense + rep / units
     ar = comm.all_reduce_s(cluster, dense_group, dense_params * grad_reduce_bytes) + \
         comm.all_reduce_s(cluster, expert_group, expert_params * grad_reduce_bytes)
     return DPCollectives(all_reduce_s=ar, reduce_scatter_s=rs_dense + rs_expert, all_gather_s=ag_dense + ag_expert,

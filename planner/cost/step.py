@@ -17,7 +17,7 @@ from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding
                                   linear_gemm_fwd_s, model_flops_per_step, mtp_projection_ops, pass_times,
                                   recomputed)
 from planner.cost.context_parallel import cp_layer_cost
-from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups,
+from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
                                         expert_dp_degree, exposed_s, optimizer_step_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
@@ -477,9 +477,10 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     head_tp = ends.head_tp_s
     # ZeRO shards a stage's states over every rank holding a copy: its data-parallel replicas, times DualPipe's two
     # copies of it in one pipeline (schedule.stage_copies), whose gradients are summed with the replicas'
-    copies = sched.stage_copies
-    dp_shard = dp * cfg.cp * copies
-    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp)) * copies
+    # and, under HSDP, only over its shard group of dp_shard DP ranks (the replicas keep the same shard)
+    copies, replicas = sched.stage_copies, cfg.dp_replicas
+    dp_shard = cfg.zero_shard_dp * cfg.cp * copies
+    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp)) // replicas * copies
     per_layer_params, gathered, (emb_params, head_params_gpu) = _param_counts(model, cfg.tp, cfg.ep, cfg.expert_tp,
                                                                               cfg.seq_len, cfg.num_stages)
 
@@ -573,9 +574,10 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     dense_p, expert_p = rank["dense_params"], rank["expert_params"]
     states = model_state_bytes(StageParams(dense_p, expert_p, largest), cfg.zero_stage, dp_shard, expert_dp_shard)
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
-    dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, copies, p)
+    dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, copies, p, cfg.dp_shard)
     units = np.asarray(layers, dtype=float)[chunks].sum(axis=1)  # ZeRO-3 units: the rank's layers
-    coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes, units)
+    coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes, units,
+                          hsdp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, cfg.dp_shard))
     t_dp = dp_exposed_s(coll, cfg.zero_stage, rank["fwd"], rank["bwd_in"] + rank["bwd_w"], rank["rec"], passes,
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
                         gpu.comm_overlap_interference)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.cost.data_parallel import expert_dp_degree
 from planner.cost.schedule import SCHEDULES
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES,
                                    RunConfig, canonical_recompute_modules, even_layer_split, recompute_module_on)
@@ -137,6 +138,15 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         elif cfg.tp > 1 and not cfg.sequence_parallel:
             out.append(("sequence_parallel", "expert parallelism with tp > 1 needs sequence parallelism "
                                              "(Megatron-Core MoE); turn it on"))
+    if cfg.dp_shard is not None:  # HSDP: shard groups of dp_shard DP ranks, replicated across the rest of DP
+        if cfg.dp_shard < 1 or dp % cfg.dp_shard:
+            out.append(("dp_shard", f"must divide the data-parallel degree {dp}, got {cfg.dp_shard}"))
+        elif cfg.zero_stage < 1:
+            out.append(("dp_shard", "HSDP shards model states with ZeRO; use --zero 1, 2 or 3, or drop --dp-shard"))
+        elif model.is_moe and (int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, etp)) % (dp // cfg.dp_shard)):
+            out.append(("dp_shard", f"the expert-data-parallel group "
+                                    f"({int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, etp))} ranks) must split into "
+                                    f"the {dp // cfg.dp_shard} replicas; use a larger --dp-shard"))
     if cfg.offload_layers:  # Megatron-Core TransformerConfig's checks of cpu_offloading
         if cfg.offload_layers < 0 or cfg.offload_layers >= model.num_layers:
             out.append(("offload_layers", f"must be 0 to {model.num_layers - 1} (fewer than the model's layers), got "

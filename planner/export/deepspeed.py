@@ -55,6 +55,13 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if cfg.precision in ("fp8", "mxfp8"):
         raise unsupported(LAUNCHER, f"{cfg.precision} GEMMs (DeepSpeed's JSON config has no fp8 training switch)",
                           "plan with --precision bf16, or export to megatron / nemo / torchtitan")
+    if cfg.dp_shard is not None and cfg.dp_replicas > 1:
+        # DeepSpeed 0.19's DeepSpeedConfig: "MiCS ZeRO-3 sharding has been removed; 'zero_optimization.
+        # mics_shard_size' is no longer supported" (found by the conformance check); ZeRO++'s hpZ keeps a second
+        # copy of the weights per node but shards optimizer states over all of DP, not HSDP
+        raise unsupported(LAUNCHER, f"HSDP (ZeRO shards of {cfg.zero_shard_dp} DP ranks x {cfg.dp_replicas} replicas; "
+                                    "DeepSpeed 0.19 removed MiCS, its grouped sharding)",
+                          "plan without --dp-shard, or export to torchtitan / megatron")
     zero: dict[str, Any] = {"stage": cfg.zero_stage}
     if cfg.zero_stage >= 1:
         zero["overlap_comm"] = cfg.overlap_grad_reduce

@@ -166,6 +166,8 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         # format"
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_SHARDING[cfg.zero_stage],
                  "--ckpt-format", "fsdp_dtensor"]
+    if cfg.dp_shard is not None and cfg.dp_replicas > 1:  # HSDP: copies of the distributed optimizer / FSDP shards
+        args += ["--num-distributed-optimizer-instances", str(cfg.dp_replicas)]
     if cfg.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     if cfg.overlap_param_gather and cfg.zero_stage == 1:

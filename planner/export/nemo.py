@@ -78,6 +78,8 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     else:
         out["model.recompute_granularity"] = None
     fsdp = cfg.zero_stage in FSDP_SHARDING
+    if cfg.dp_shard is not None and cfg.dp_replicas > 1:  # HSDP: Megatron's distributed-optimizer instances
+        out["ddp.num_distributed_optimizer_instances"] = cfg.dp_replicas
     out.update({"ddp.use_distributed_optimizer": cfg.zero_stage == 1,
                 "optimizer.use_distributed_optimizer": cfg.zero_stage == 1,
                 "ddp.overlap_grad_reduce": cfg.overlap_grad_reduce,

@@ -154,8 +154,8 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
         par["data_parallel_replicate_degree"] = cfg.dp
         par["data_parallel_shard_degree"] = 1
     else:
-        par["data_parallel_replicate_degree"] = 1
-        par["data_parallel_shard_degree"] = cfg.dp
+        par["data_parallel_replicate_degree"] = cfg.dp_replicas  # HSDP: replicas of the shard groups
+        par["data_parallel_shard_degree"] = cfg.zero_shard_dp
         par["fsdp_reshard_after_forward"] = "always" if cfg.zero_stage == 3 else "never"
     par["tensor_parallel_degree"] = cfg.tp
     if cfg.tp_comm_overlap and cfg.tp > 1:

@@ -95,7 +95,7 @@ def parallelism(view: PlanView) -> dict[str, Any]:
     if cfg.zero_stage == 0:
         par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = cfg.dp, 1
     else:
-        par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = 1, cfg.dp
+        par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = cfg.dp_replicas, cfg.zero_shard_dp
         par["fsdp_reshard_after_forward"] = "always" if cfg.zero_stage == 3 else "never"
     par["tensor_parallel_degree"] = cfg.tp
     par["enable_sequence_parallel"] = bool(cfg.sequence_parallel) if cfg.tp > 1 else True
@@ -107,8 +107,9 @@ def parallelism(view: PlanView) -> dict[str, Any]:
         if cfg.ep > 1 and cfg.tp > 1 and cfg.expert_tp != 1:
             raise unsupported(LAUNCHER, f"expert TP {cfg.expert_tp} with EP {cfg.ep} (torchtitan 0.3 has no expert "
                                         "TP: experts are whole on their EP rank)", "plan with --etp 1")
-        if (cfg.dp * cfg.cp * cfg.tp) % cfg.ep:
-            raise unsupported(LAUNCHER, f"ep={cfg.ep} must divide dp_shard*cp*tp = {cfg.dp * cfg.cp * cfg.tp}",
+        if (cfg.zero_shard_dp * cfg.cp * cfg.tp) % cfg.ep:
+            raise unsupported(LAUNCHER, f"ep={cfg.ep} must divide dp_shard*cp*tp = "
+                                        f"{cfg.zero_shard_dp * cfg.cp * cfg.tp}",
                               "plan with an EP degree that divides it")
         par["expert_parallel_degree"] = cfg.ep
     par["pipeline_parallel_degree"] = cfg.pp

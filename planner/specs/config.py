@@ -97,6 +97,10 @@ class RunConfig:
     precision: str = "bf16"  # GEMM precision of the linear layers (PRECISIONS)
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
+    #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them
+    #: across dp / dp_shard such groups (FSDP2 / torchtitan data_parallel_shard x replicate degrees, Megatron
+    #: --num-distributed-optimizer-instances, DeepSpeed MiCS); None = shard over all of DP (plain ZeRO / FSDP)
+    dp_shard: int | None = None
     #: decoder layers whose saved activations go to host memory during forward and come back for backward
     #: (Megatron-Core's cpu_offloading_num_layers: activations only, no pipeline stages, no recomputation)
     offload_layers: int = 0
@@ -109,6 +113,16 @@ class RunConfig:
     def dp(self) -> int:
         """Data-parallel degree: GPUs / (TP x PP x CP). Callers check divisibility with ``validity``."""
         return self.num_gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def zero_shard_dp(self) -> int:
+        """Data-parallel ranks ZeRO shards over: ``dp_shard`` (HSDP), or all of DP."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def dp_replicas(self) -> int:
+        """Replicas of each ZeRO shard group across DP (HSDP's replicate degree; 1 for plain ZeRO)."""
+        return max(1, self.dp // max(1, self.zero_shard_dp))
 
     @property
     def expert_tp(self) -> int:
