@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.cli.render import TIME_LABELS, config_line
 from planner.cost.schedule import get_schedule
-from planner.cost.simulate import SimResult, simulate
+from planner.cost.simulate import SimResult, microbatch_paths, simulate
 from planner.specs.config import RunConfig
 
 #: colours (CSS) of the op kinds, the step-time components and the memory parts
@@ -66,8 +66,7 @@ def simulate_plan(est: dict[str, Any], cfg: RunConfig) -> Timeline:
         for r, records in enumerate(sim.timeline):
             for op in records:
                 where[(op.kind, op.microbatch, r, op.chunk)] = op.end_s
-        for mb in range(m):
-            path = _path(sched, p, cfg.vpp, chunks, m, mb)
+        for mb, path in enumerate(microbatch_paths(p, m, chunks, sched.stage_index, sched.route)):
             for j in range(1, len(path)):  # forward: stage j - 1 -> j; backward: j -> j - 1
                 (r0, c0), (r1, c1) = path[j - 1], path[j]
                 if r0 == r1:
@@ -79,14 +78,6 @@ def simulate_plan(est: dict[str, Any], cfg: RunConfig) -> Timeline:
                     t = where[("B", mb, r1, c1)]
                     sends.append((r1, t, r0, t + p2p))
     return Timeline(sim=sim, sends=tuple(sends), p2p_s=p2p)
-
-
-def _path(sched, p: int, v: int, chunks: int, m: int, mb: int) -> tuple[tuple[int, int], ...]:
-    """(rank, chunk) of each stage micro-batch ``mb`` passes (the simulator's route)."""
-    if sched.route is not None:
-        return tuple(sched.route(p, v, m, mb))
-    where = {sched.stage_index(p, chunks, r, c): (r, c) for r in range(p) for c in range(chunks)}
-    return tuple(where[j] for j in range(p * chunks))
 
 
 def _esc(x: Any) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import typer
@@ -55,16 +54,23 @@ def cluster_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def schedule_launchers(name: str) -> str:
-    """Which exporters can run a schedule (with torchtitan's class name)."""
+def _launchers_running(name: str) -> list[str]:
+    """The exporters that can run schedule ``name``."""
     out = []
     if megatron.SCHEDULE_SUPPORT.get(name):
         out += ["megatron", "nemo"]
     if name == "1f1b":
         out.append("deepspeed")
     if torchtitan.SCHEDULE_NAMES.get(name):
-        out.append(f"torchtitan, torchtitan-0.3 ({torchtitan.SCHEDULE_NAMES[name]})")
-    return ", ".join(out) or "none"
+        out += ["torchtitan", "torchtitan-0.3"]
+    return out
+
+
+def schedule_launchers(name: str) -> str:
+    """Which exporters can run a schedule (with torchtitan's class name)."""
+    text = ", ".join(_launchers_running(name)) or "none"
+    torch_name = torchtitan.SCHEDULE_NAMES.get(name)
+    return f"{text} ({torch_name})" if torch_name else text
 
 
 def schedule_rows() -> list[dict[str, Any]]:
@@ -78,7 +84,7 @@ def launcher_rows() -> list[dict[str, Any]]:
     out = []
     for name in TARGETS:
         mod = target_module(name)
-        runs = [s for s in SCHEDULES if name in re.findall(r"[\w.-]+", schedule_launchers(s))]
+        runs = [s for s in SCHEDULES if name in _launchers_running(s)]
         out.append({"name": name, "release": mod.RELEASE, "format": mod.FORMAT, "checked_by": mod.CHECKED_BY,
                     "schedules": ", ".join(runs)})
     return out

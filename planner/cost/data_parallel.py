@@ -52,6 +52,12 @@ def expert_dp_degree(dp, cp, ep, tp=1, etp=None):
     return np.maximum(1, np.asarray(dp) * cp * tp // (np.asarray(ep) * etp))
 
 
+def expert_shard_degree(dp, cp, ep, tp=1, etp=None, replicas=1):
+    """Ranks ZeRO shards an expert's states over: the expert-data-parallel group, split evenly into HSDP's
+    ``replicas`` (dp / dp_shard; validity checks that it splits), each replica keeping the same shards."""
+    return expert_dp_degree(dp, cp, ep, tp, etp) // np.asarray(replicas)
+
+
 def hsdp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None, dp_shard=None) -> tuple[comm.GroupPlacement,
                                                                                        comm.GroupPlacement]:
     """HSDP's replicate groups (dense, expert): each GPU's peers holding the same shard, one per shard group of
@@ -62,7 +68,7 @@ def hsdp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None, dp_shard=None) -> tu
     gpn = cluster.gpus_per_node
     etp = tp if etp is None else etp
     replicas = np.asarray(dp) // np.asarray(dp_shard)
-    expert_shard = expert_dp_degree(dp, cp, ep, tp, etp) // replicas
+    expert_shard = expert_shard_degree(dp, cp, ep, tp, etp, replicas)
     return (comm.place_group(replicas, np.asarray(tp) * cp * dp_shard, gpn),
             comm.place_group(replicas, np.asarray(etp) * ep * expert_shard, gpn))
 
@@ -79,7 +85,7 @@ def dp_groups(cluster: Cluster, tp, cp, dp, ep, etp=None, replicas=1, pp=1, dp_s
     shard = dp if dp_shard is None else dp_shard  # HSDP: ZeRO's groups are the shard groups, inside the replicas
     hsdp = np.asarray(dp) // np.asarray(shard)
     dense = comm.place_group(np.asarray(shard) * cp, tp, gpn)
-    expert = comm.place_group(expert_dp_degree(dp, cp, ep, tp, etp) // hsdp, np.asarray(etp) * ep, gpn)
+    expert = comm.place_group(expert_shard_degree(dp, cp, ep, tp, etp, hsdp), np.asarray(etp) * ep, gpn)
     replicas = np.asarray(replicas)
     if not np.any(replicas > 1):
         return dense, expert

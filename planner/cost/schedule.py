@@ -194,19 +194,18 @@ def _zb_h2_time(f, b, w, m, v) -> PipelineTime:
     return _time(m * tk + edge, m, tk)
 
 
-def _dualpipe_family_time(f, b, w, m, per_rank_microbatches, chain) -> PipelineTime:
+def _dualpipe_family_time(f, b, w, passes, chain) -> PipelineTime:
     """DualPipe / DualPipeV as DeepSeek's order plays out (``tests/test_schedule.py`` against the simulator):
     every step of the fill and drain chain costs S = F + B + max(F, B) - 2W of one chunk (each rank's F, B, W
     halved over its two chunks), the W's queued by the zero-bubble steps filling part of it; the published bound
     (PP/2 - 1)(F&B + B_full - 3W) (DeepSeek-V3 report Table 2, with F&B = F + B_full when the pair's compute adds
     up and only its all-to-alls overlap) is W more per step where B >= F. Per-rank form:
-    T = M max t + (chain / (p - 1)) sum_{r != bottleneck} S_r, M the micro-batches (pairs) per rank's t."""
-    f, b, w, t, m = _arrays(f, b, w, m)
+    T = M max t + (chain / (p - 1)) sum_{r != bottleneck} S_r, M the ``passes`` of a rank's t per step."""
+    f, b, w, t, count = _arrays(f, b, w, passes)
     step = np.maximum(0.0, (f + b + np.maximum(f, b) - 2 * w) / 2)
     p = _ranks(t)
     tk, edge = _bottleneck_edge(t, step)
     scale = chain(p) / np.maximum(1, p - 1)
-    count = np.asarray(per_rank_microbatches)
     return _time(count * tk + scale * edge, count, tk)
 
 
@@ -218,13 +217,12 @@ def _ranks(t: np.ndarray) -> np.ndarray:
 def _dualpipe_time(f, b, w, m, v) -> PipelineTime:
     """DualPipe over p ranks: per-rank F, B, W are one micro-batch of each direction through the rank's two
     stages, m / 2 such pairs; the fill / drain chain is p / 2 - 1 steps (each half of the ranks)."""
-    half = np.asarray(m) / 2
-    return _dualpipe_family_time(f, b, w, half, half, lambda p: np.maximum(0, p // 2 - 1))
+    return _dualpipe_family_time(f, b, w, np.asarray(m) / 2, lambda p: np.maximum(0, p // 2 - 1))
 
 
 def _dualpipev_time(f, b, w, m, v) -> PipelineTime:
     """DualPipeV over p ranks (2p stages in a V): m micro-batches through both chunks, a chain of p - 1 steps."""
-    return _dualpipe_family_time(f, b, w, m, m, lambda p: np.maximum(0, p - 1))
+    return _dualpipe_family_time(f, b, w, m, lambda p: np.maximum(0, p - 1))
 
 
 # ---------------------------------------------------------------------------------------------------------------

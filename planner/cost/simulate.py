@@ -70,6 +70,19 @@ def per_chunk(times: Sequence[float] | Sequence[Sequence[float]], p: int, v: int
     return out
 
 
+def microbatch_paths(p: int, m: int, v: int, stage_index: Callable[[int, int, int, int], int],
+                     route: Callable[[int, int, int, int], Sequence[tuple[int, int]]] | None = None
+                     ) -> list[tuple[tuple[int, int], ...]]:
+    """Per micro-batch, the (rank, chunk) of each stage it passes, in model order: ``route``'s where micro-batches
+    take different paths (DualPipe), else the one path ``stage_index`` lays out over p ranks of v chunks."""
+    if route is not None:
+        return [tuple(route(p, v, m, mb)) for mb in range(m)]
+    where = {stage_index(p, v, r, c): (r, c) for r in range(p) for c in range(v)}
+    if sorted(where) != list(range(p * v)):
+        raise ValueError("stage_index must place each of the p*v stages exactly once")
+    return [tuple(where[j] for j in range(p * v))] * m
+
+
 def simulate(
     p: int, m: int, v: int,
     f_s, b_s, w_s,
@@ -85,17 +98,7 @@ def simulate(
     ``route(p, v, m, mb)``: the (rank, chunk) of each stage micro-batch ``mb`` passes, in order, where
     micro-batches take different paths (DualPipe's two directions; default: the one path of ``stage_index``)."""
     F, B, W = per_chunk(f_s, p, v), per_chunk(b_s, p, v), per_chunk(w_s, p, v)
-    if route is None:
-        where = {}  # stage -> (rank, chunk)
-        for r in range(p):
-            for c in range(v):
-                where[stage_index(p, v, r, c)] = (r, c)
-        if sorted(where) != list(range(p * v)):
-            raise ValueError("stage_index must place each of the p*v stages exactly once")
-        path = tuple(where[j] for j in range(p * v))
-        paths = [path] * m
-    else:
-        paths = [tuple(route(p, v, m, mb)) for mb in range(m)]
+    paths = microbatch_paths(p, m, v, stage_index, route)
     # stage_of[(mb, rank, chunk)]: the position of that chunk on the micro-batch's path
     stage_of = {(mb, r, c): j for mb, path in enumerate(paths) for j, (r, c) in enumerate(path)}
     done_f: dict[tuple[int, int], float] = {}

@@ -18,7 +18,7 @@ from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding
                                   recomputed)
 from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
-                                        expert_dp_degree, exposed_s, optimizer_step_s)
+                                        expert_shard_degree, exposed_s, optimizer_step_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes, mtp_projection_activation_bytes, zero_sharded_params)
@@ -480,7 +480,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     # and, under HSDP, only over its shard group of dp_shard DP ranks (the replicas keep the same shard)
     copies, replicas = sched.stage_copies, cfg.dp_replicas
     dp_shard = cfg.zero_shard_dp * cfg.cp * copies
-    expert_dp_shard = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp)) // replicas * copies
+    expert_dp_shard = int(expert_shard_degree(dp, cfg.cp, cfg.ep, cfg.tp, cfg.expert_tp, replicas)) * copies
     per_layer_params, gathered, (emb_params, head_params_gpu) = _param_counts(model, cfg.tp, cfg.ep, cfg.expert_tp,
                                                                               cfg.seq_len, cfg.num_stages)
 

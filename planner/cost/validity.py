@@ -143,9 +143,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
             out.append(("dp_shard", f"must divide the data-parallel degree {dp}, got {cfg.dp_shard}"))
         elif cfg.zero_stage < 1:
             out.append(("dp_shard", "HSDP shards model states with ZeRO; use --zero 1, 2 or 3, or drop --dp-shard"))
-        elif model.is_moe and (int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, etp)) % (dp // cfg.dp_shard)):
-            out.append(("dp_shard", f"the expert-data-parallel group "
-                                    f"({int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, etp))} ranks) must split into "
+        elif model.is_moe and (edp := int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, etp))) % (dp // cfg.dp_shard):
+            out.append(("dp_shard", f"the expert-data-parallel group ({edp} ranks) must split into "
                                     f"the {dp // cfg.dp_shard} replicas; use a larger --dp-shard"))
     if cfg.offload_layers:  # Megatron-Core TransformerConfig's checks of cpu_offloading
         if cfg.offload_layers < 0 or cfg.offload_layers >= model.num_layers:

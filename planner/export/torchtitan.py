@@ -111,6 +111,16 @@ def _activation_checkpoint(view: PlanView) -> dict[str, Any]:
     return {"mode": "selective", "selective_ac_option": str(every.pop())}
 
 
+def data_parallel_degrees(cfg) -> dict[str, Any]:
+    """torchtitan's data-parallel fields (0.2 and 0.3 alike): ZeRO-0 plain replication; ZeRO-1/2/3 FSDP2 over the
+    shard group (all of DP, or HSDP's ``dp_shard``) replicated ``dp_replicas`` times, resharding after forward
+    for ZeRO-3 only."""
+    if cfg.zero_stage == 0:
+        return {"data_parallel_replicate_degree": cfg.dp, "data_parallel_shard_degree": 1}
+    return {"data_parallel_replicate_degree": cfg.dp_replicas, "data_parallel_shard_degree": cfg.zero_shard_dp,
+            "fsdp_reshard_after_forward": "always" if cfg.zero_stage == 3 else "never"}
+
+
 def check_runs(cfg, launcher: str) -> str | None:
     """Refuse what no torchtitan release runs (Megatron's recompute modules, Ulysses CP, schedules torch has no class
     for, V schedules without two stages per rank); the torch.distributed.pipelining schedule name (None without PP).
@@ -149,14 +159,7 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
     pipe_name = check_runs(cfg, LAUNCHER)
     training = {"global_batch_size": cfg.global_batch_size, "seq_len": cfg.seq_len}
     training["local_batch_size"] = cfg.micro_batch_size * (cfg.num_microbatches if cfg.pp > 1 else 1)
-    par: dict[str, Any] = {}
-    if cfg.zero_stage == 0:
-        par["data_parallel_replicate_degree"] = cfg.dp
-        par["data_parallel_shard_degree"] = 1
-    else:
-        par["data_parallel_replicate_degree"] = cfg.dp_replicas  # HSDP: replicas of the shard groups
-        par["data_parallel_shard_degree"] = cfg.zero_shard_dp
-        par["fsdp_reshard_after_forward"] = "always" if cfg.zero_stage == 3 else "never"
+    par: dict[str, Any] = data_parallel_degrees(cfg)
     par["tensor_parallel_degree"] = cfg.tp
     if cfg.tp_comm_overlap and cfg.tp > 1:
         par["enable_async_tensor_parallel"] = True

@@ -25,7 +25,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, refuse_megatron_core_only,
                                     summary_comment, unsupported)
-from planner.export.torchtitan import check_runs, stage_modules
+from planner.export.torchtitan import check_runs, data_parallel_degrees, stage_modules
 
 LAUNCHER = "torchtitan-0.3"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -91,12 +91,7 @@ def parallelism(view: PlanView) -> dict[str, Any]:
     if cfg.precision == "fp16":
         raise unsupported(LAUNCHER, "fp16 mixed precision (torchtitan trains in bf16 with fp32 reductions)",
                           "plan with --precision bf16 or export to megatron")
-    par: dict[str, Any] = {}
-    if cfg.zero_stage == 0:
-        par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = cfg.dp, 1
-    else:
-        par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"] = cfg.dp_replicas, cfg.zero_shard_dp
-        par["fsdp_reshard_after_forward"] = "always" if cfg.zero_stage == 3 else "never"
+    par: dict[str, Any] = data_parallel_degrees(cfg)
     par["tensor_parallel_degree"] = cfg.tp
     par["enable_sequence_parallel"] = bool(cfg.sequence_parallel) if cfg.tp > 1 else True
     par["context_parallel_degree"] = cfg.cp

@@ -162,7 +162,7 @@ LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "etp", "tpo", "fa", "epo")
 
 
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
-    tp, cp, mb, sp = space.col("tp"), space.col("cp"), space.col("mb"), space.col("sp")
+    tp, cp = space.col("tp"), space.col("cp")
     pp, vpp, ep, etp = space.col("pp"), space.col("vpp"), space.col("ep"), space.col("etp")
     n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
     # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
@@ -318,14 +318,19 @@ def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
     return t.fwd_s[g] + t.bwd_input_s[g] + t.bwd_weight_s[g]
 
 
+def _per_schedule(space: Space, g, value) -> np.ndarray:
+    """``value(schedule)`` of each group's schedule (the ``sched`` column), for groups ``g``."""
+    return np.array([value(SCHEDULES[name]) for name in space.schedules])[space.col("sched")[g]]
+
+
 def _stage_copies(space: Space, g) -> np.ndarray:
     """Ranks of one pipeline holding each stage (the schedule's ``stage_copies``; DualPipe: 2)."""
-    return np.array([SCHEDULES[name].stage_copies for name in space.schedules])[space.col("sched")[g]]
+    return _per_schedule(space, g, lambda s: s.stage_copies)
 
 
 def _per_pass(space: Space, g) -> np.ndarray:
     """Micro-batches one pass of a rank's work runs (the schedule's ``microbatches_per_pass``; DualPipe: 2)."""
-    return np.array([SCHEDULES[name].microbatches_per_pass for name in space.schedules])[space.col("sched")[g]]
+    return _per_schedule(space, g, lambda s: s.microbatches_per_pass)
 
 
 def group_time_bound(space: Space, t: GroupTables) -> np.ndarray:
@@ -430,7 +435,7 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     g = np.asarray(g, dtype=np.int64)
     n = len(g)
     m = space.num_microbatches[g] / _per_pass(space, g)  # passes of each rank's work (DualPipe: m / 2 pairs)
-    once = np.array([SCHEDULES[name].zero3_gathers_once_per_step for name in space.schedules])[space.col("sched")[g]]
+    once = _per_schedule(space, g, lambda s: s.zero3_gathers_once_per_step)
     i = cluster.gpu.comm_overlap_interference
     dp_shard, edp_shard = t.dp_shard[g], t.expert_dp_shard[g]
     dense_group, expert_group = dp_groups(cluster, space.col("tp")[g], space.col("cp")[g], space.dp[g],
@@ -562,7 +567,7 @@ def _workspace_bytes(t: GroupTables, g, rec, holds_head) -> np.ndarray:
 
 def _rank_chunks(space: Space, g) -> np.ndarray:
     """Model chunks each group's ranks hold: vpp, or two for DualPipe (a stage and its mirror, vpp 1)."""
-    mirrored = np.array([SCHEDULES[name].placement is not None for name in space.schedules])[space.col("sched")[g]]
+    mirrored = _per_schedule(space, g, lambda s: s.placement is not None)
     return np.where(mirrored, 2, space.col("vpp")[g])
 
 
