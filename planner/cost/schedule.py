@@ -483,16 +483,6 @@ def _no_vpp(name: str) -> Callable[[int, int, int], str | None]:
     return check
 
 
-def _zbv_check(p: int, m: int, v: int) -> str | None:
-    if p < 2:
-        return "zbv needs pipeline parallelism (pp >= 2)"
-    if v != 2:
-        return "zbv needs --vpp 2 (two model chunks per rank, placed in a V)"
-    if m < 2 * p - 1:
-        return f"zbv needs at least 2*pp - 1 = {2 * p - 1} micro-batches per step, got {m}"
-    return None
-
-
 def _dualpipe_check(p: int, m: int, v: int) -> str | None:
     if p < 2 or p % 2:
         return f"dualpipe needs an even pipeline degree >= 2 (its two directions meet in the middle), got pp={p}"
@@ -501,16 +491,6 @@ def _dualpipe_check(p: int, m: int, v: int) -> str | None:
     if m % 2 or m < 2 * p:
         return (f"dualpipe needs an even number of micro-batches per step, at least 2*pp = {2 * p} (half enter at "
                 f"each end), got {m}")
-    return None
-
-
-def _dualpipev_check(p: int, m: int, v: int) -> str | None:
-    if p < 2:
-        return "dualpipev needs pipeline parallelism (pp >= 2)"
-    if v != 2:
-        return "dualpipev needs --vpp 2 (two model chunks per rank, placed in a V)"
-    if m < 2 * p:
-        return f"dualpipev needs at least 2*pp = {2 * p} micro-batches per step, got {m}"
     return None
 
 
@@ -530,6 +510,20 @@ def _bfs_check(p: int, m: int, v: int) -> str | None:
     if m < p:
         return f"bfs needs at least pp ({p}) micro-batches per step, got {m} (fewer leave ranks idle between chunks)"
     return None
+
+
+def _v_check(name: str, min_microbatches: Callable[[int], int], rule: str) -> Callable[[int, int, int], str | None]:
+    """Requirements of a schedule placing two chunks per rank in a V (ZB-V, DualPipeV): pp >= 2, vpp 2, and at
+    least ``min_microbatches(p)`` micro-batches (``rule``, as the message spells it)."""
+    def check(p: int, m: int, v: int) -> str | None:
+        if p < 2:
+            return f"{name} needs pipeline parallelism (pp >= 2)"
+        if v != 2:
+            return f"{name} needs --vpp 2 (two model chunks per rank, placed in a V)"
+        if m < min_microbatches(p):
+            return f"{name} needs at least {rule} = {min_microbatches(p)} micro-batches per step, got {m}"
+        return None
+    return check
 
 
 def _zb_check(name: str, min_microbatches: Callable[[int], int]) -> Callable[[int, int, int], str | None]:
@@ -560,8 +554,8 @@ SCHEDULES: dict[str, Schedule] = {
                       _zb_h2_time, _zb_h2_inflight, _zb_check("zb-h2", lambda p: 2 * p - 1), order=_zb_h2_order,
                       defer_w=True, w_cap=_zb_h2_cap),
     "zbv": Schedule("zbv", "zero-bubble V: two chunks per rank in a V, 1F1B memory (Qi et al. 2024)", _zbv_time,
-                    _zb_h1_inflight, _zbv_check, supports_vpp=True, order=_zbv_order, stage_index=_v_stage_index,
-                    defer_w=True, torch_name="ZBVZeroBubble"),
+                    _zb_h1_inflight, _v_check("zbv", lambda p: 2 * p - 1, "2*pp - 1"), supports_vpp=True,
+                    order=_zbv_order, stage_index=_v_stage_index, defer_w=True, torch_name="ZBVZeroBubble"),
     "dualpipe": Schedule("dualpipe", "DualPipe: two directions of micro-batches, each rank holds a stage and its "
                          "mirror, F&B pairs overlap their all-to-alls (DeepSeek-AI 2024)", _dualpipe_time,
                          _dualpipe_inflight, _dualpipe_check, order=_dualpipe_order, defer_w=True,
@@ -569,8 +563,8 @@ SCHEDULES: dict[str, Schedule] = {
                          stage_copies=2, pairs_microbatches=True),
     "dualpipev": Schedule("dualpipev", "DualPipeV: DualPipe cut in half, one direction down and up a V of two "
                           "chunks per rank (DeepSeek-AI 2025; Sea AI Lab)", _dualpipev_time, _dualpipev_inflight,
-                          _dualpipev_check, supports_vpp=True, order=_dualpipev_order, stage_index=_v_stage_index,
-                          defer_w=True, torch_name="DualPipeV", pairs_microbatches=True),
+                          _v_check("dualpipev", lambda p: 2 * p, "2*pp"), supports_vpp=True, order=_dualpipev_order,
+                          stage_index=_v_stage_index, defer_w=True, torch_name="DualPipeV", pairs_microbatches=True),
     "bfs": Schedule("bfs", "breadth-first looped schedule for sharded data parallelism (Lamy-Poirier 2022)",
                     _interleaved_time, _gpipe_inflight, _bfs_check, supports_vpp=True, order=_bfs_order,
                     zero3_gathers_once_per_step=True, torch_name="LoopedBFS"),
