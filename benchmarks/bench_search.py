@@ -73,7 +73,8 @@ def _short(c: RunConfig) -> str:
     rec = c.recompute + (f"({c.recompute_num_layers})" if c.recompute_num_layers else "")
     if c.recompute_layers_per_stage is not None:
         rec += "(per stage)"
-    return s + f" mb{c.micro_batch_size} {c.schedule} {rec} Z{c.zero_stage}" + (" SP" if c.sequence_parallel and
+    zero = f"Z{c.zero_stage}" + (f" HSDP{c.dp_shard}" if c.dp_shard is not None else "")
+    return s + f" mb{c.micro_batch_size} {c.schedule} {rec} {zero}" + (" SP" if c.sequence_parallel and
                                                                                   c.tp > 1 else "") + \
         (" TPoverlap" if c.tp_comm_overlap and c.tp > 1 else "")
 

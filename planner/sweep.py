@@ -25,7 +25,7 @@ CHUNKS_PER_WORKER = 8
 
 SCENARIO_COLUMNS = ("model", "cluster", "num_gpus", "global_batch_size", "seq_len")
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "num_microbatches", "schedule",
-                "recompute", "recompute_num_layers", "zero_stage", "sequence_parallel", "cp_kind")
+                "recompute", "recompute_num_layers", "zero_stage", "dp_shard", "sequence_parallel", "cp_kind")
 ESTIMATE_COLUMNS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "hfu",
                     "peak_memory_gib", "memory_limit_gib")
 COLUMNS = SCENARIO_COLUMNS + ("feasible",) + PLAN_COLUMNS + ESTIMATE_COLUMNS + ("error",)

@@ -50,7 +50,7 @@ def brute_force(model, cluster, n, batch, seq, space=SearchSpace(), limit=None):
     mb = row_memory_bound(sp, tables, rows)
     out = []
     for i in range(len(rows)):
-        cfg = sp.config(int(rows.group[i]), int(rows.zero[i]), int(rows.rec[i]))
+        cfg = sp.config(int(rows.group[i]), int(rows.zero[i]), int(rows.rec[i]), int(rows.hsdp[i]))
         assert not config_problems(model, cluster, cfg), cfg  # the space holds only valid configurations
         e = estimate(model, cluster, cfg, check=False)
         out.append((e.step_time_s, e.peak_memory_bytes, cfg, tb[i], mb[i]))
@@ -239,7 +239,7 @@ def test_search_evaluation_equals_estimate_on_random_configurations(model_name, 
         rows = sp.expand(np.array([g]))
         j = int(rng.integers(len(rows)))
         for r in sorted({0, j}):  # row 0: no recomputation, whose rank times are exact
-            cfg = sp.config(int(rows.group[r]), int(rows.zero[r]), int(rows.rec[r]))
+            cfg = sp.config(int(rows.group[r]), int(rows.zero[r]), int(rows.rec[r]), int(rows.hsdp[r]))
             seen.add((cfg.schedule, cfg.flash_attention, cfg.tp_comm_overlap, cfg.overlap_grad_reduce,
                       cfg.grad_reduce_bytes))
             exact = estimate(model, cluster, cfg)  # the checked public path

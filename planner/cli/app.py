@@ -129,7 +129,7 @@ def name_set(value: str | None, allowed: tuple[str, ...] | list[str], option: st
 
 def search_constraints(tp: str | None, pp: str | None, cp: str | None, ep: str | None, vpp: str | None,
                        micro_batch: str | None, schedules: str | None, zero: str | None,
-                       recompute: str | None, etp: str | None = None):
+                       recompute: str | None, etp: str | None = None, dp_shard: str | None = None):
     """``planner.search.space.Constraints`` from the CLI's constraint options, or None when none is given."""
     from planner.cost.schedule import SCHEDULES
     from planner.search.space import Constraints
@@ -143,8 +143,19 @@ def search_constraints(tp: str | None, pp: str | None, cp: str | None, ep: str |
                     vpp=int_set(vpp, "--vpp"), micro_batch=int_set(micro_batch, "--micro-batch"),
                     etp=int_set(etp, "--etp"),
                     schedules=name_set(schedules, tuple(SCHEDULES), "--schedules"), zero=zeros,
-                    recompute=name_set(recompute, RECOMPUTE_MODES, "--recompute"))
+                    recompute=name_set(recompute, RECOMPUTE_MODES, "--recompute"), dp_shard=dp_shard_set(dp_shard))
     return c if c.describe() else None
+
+
+def dp_shard_set(value: str | None) -> tuple[int, ...] | None:
+    """``--dp-shard``: HSDP shard sizes (integers >= 2) and/or ``none`` (ZeRO over all of DP), as a tuple with 0
+    for none; None when not given."""
+    if value is None:
+        return None
+    parts = [x.strip() for x in value.split(",")]
+    sizes = int_set(",".join(x for x in parts if x.lower() != "none"), "--dp-shard", minimum=2) \
+        if any(x.lower() != "none" for x in parts) else ()
+    return tuple(sorted(set(sizes) | ({0} if any(x.lower() == "none" for x in parts) else set())))
 
 
 #: help texts of the search constraints (``plan`` and ``sweep``, which take them as ``CONSTRAINT_OPTIONS``)
@@ -158,6 +169,8 @@ CONSTRAINT_HELP = {
     "micro_batch": "Allowed micro-batch sizes (value or comma list)",
     "schedules": "Allowed pipeline schedules, comma list (`planner list schedules`)",
     "zero": "Allowed ZeRO stages, comma list of 0-3",
+    "dp_shard": "HSDP shard sizes in data-parallel ranks (value or comma list; `none` = ZeRO over all of DP). "
+                "Default: none, and shard groups filling 1, 2, 4 or 8 nodes where the stack runs HSDP",
     "recompute": "Allowed recomputation modes, comma list of none, selective, full",
 }
 

@@ -140,6 +140,7 @@ def plan(
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
     ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
+    dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
     micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
     zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
 ) -> None:
@@ -153,7 +154,8 @@ def plan(
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
     modules = parse_recompute_modules(recompute_modules)
-    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp)
+    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
+                                     dp_shard)
     if emit is not None:
         from planner.export import TARGETS
         if emit not in TARGETS:

@@ -63,13 +63,15 @@ def layout_label(cfg: RunConfig) -> str:
 
 
 def recipe_label(cfg: RunConfig) -> str:
-    """Schedule, recomputation and ZeRO stage: "interleaved-1f1b, full 7, ZeRO-1"."""
+    """Schedule, recomputation and ZeRO stage (and HSDP's shard size x replicas): "interleaved-1f1b, full 7, ZeRO-1",
+    "1f1b, none, ZeRO-3 HSDP 64x4"."""
     rec = cfg.recompute
     if cfg.recompute_layers_per_stage is not None:
         rec += " " + ",".join(map(str, cfg.recompute_layers_per_stage))
     elif cfg.recompute == "full" and cfg.recompute_num_layers:
         rec += f" {cfg.recompute_num_layers}"
-    return f"{cfg.schedule}, {rec}, ZeRO-{cfg.zero_stage}"
+    hsdp = f" HSDP {cfg.zero_shard_dp}x{cfg.dp_replicas}" if cfg.dp_shard is not None and cfg.dp_replicas > 1 else ""
+    return f"{cfg.schedule}, {rec}, ZeRO-{cfg.zero_stage}{hsdp}"
 
 
 def config_line(cfg: RunConfig) -> str:

@@ -53,7 +53,9 @@ def result_table(df: Any) -> Table:
                                                                    ("CP", "cp"), ("EP", "ep"), ("VPP", "vpp"))
                   if col == "dp" or int(getattr(r, col)) > 1]
         layout.append(f"mb{int(r.micro_batch_size)}")
-        t.add_row(scenario, " ".join(layout), f"{r.schedule}, {r.recompute}, ZeRO-{int(r.zero_stage)}",
+        hsdp = f" HSDP {int(r.dp_shard)}x{int(r.dp) // int(r.dp_shard)}" if r.dp_shard == r.dp_shard and \
+            r.dp_shard is not None else ""  # NaN (pandas' None) is not equal to itself
+        t.add_row(scenario, " ".join(layout), f"{r.schedule}, {r.recompute}, ZeRO-{int(r.zero_stage)}{hsdp}",
                   f"{r.step_time_s:.3f}", f"{100 * r.mfu:.1f}%", f"{r.peak_memory_gib:.1f}")
     return t
 
@@ -86,6 +88,7 @@ def sweep(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table (with --csv)"),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
     ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
+    dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
     micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
     zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
 ) -> None:
@@ -109,7 +112,8 @@ def sweep(
         raise PlannerError("--quiet without --csv would print nothing", source="--quiet", fix="add --csv FILE")
     if csv is not None:
         check_writable(csv, "--csv")  # before the work, not after it
-    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp)
+    constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
+                                     dp_shard)
     total = len(models) * len(clusters) * len(counts) * len(batches) * len(lengths)
     progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)

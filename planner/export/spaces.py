@@ -39,6 +39,8 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
     if target in ("megatron", "nemo"):  # Megatron-LM, and Megatron-Bridge (NeMo's LLM pre-training): Megatron Core
         schedules = tuple(s for s in base.schedules if megatron.SCHEDULE_SUPPORT.get(s))
         # ZeRO-2/3 through Megatron FSDP, which needs a model without pipeline stages
+        # HSDP through the distributed optimizer's instances (ZeRO-1) only
+        base = replace(base, hsdp_zero_stages=(1,))
         return [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1)),
                 replace(base, max_pp=1)]
     if target == "torchtitan-0.3":  # no expert TP (experts whole on their EP rank), no MoE all-to-all overlap
@@ -54,7 +56,7 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
     # deepspeed: the pipeline engine runs 1F1B with ZeRO-0/1; ZeRO-2/3 without pipeline stages; Ulysses CP; no TP
     # communication overlap
     cp_kinds = tuple(k for k in base.cp_kinds if k == "ulysses")
-    base = replace(base, tp_comm_overlap=(False,), ep_comm_overlap=(False,))
+    base = replace(base, tp_comm_overlap=(False,), ep_comm_overlap=(False,), hsdp_zero_stages=())  # no MiCS
     return [replace(base, schedules=("1f1b",), zero_stages=tuple(z for z in base.zero_stages if z <= 1),
                     cp_kinds=cp_kinds),
             replace(base, max_pp=1, cp_kinds=cp_kinds)]
@@ -85,6 +87,7 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
             max_cp=space.max_cp if stack.cp_kinds else 1,
             tp_comm_overlap=tuple(v for v in space.tp_comm_overlap if v in stack.tp_comm_overlap_choices) or (False,),
             ep_comm_overlap=tuple(v for v in space.ep_comm_overlap if v in stack.ep_comm_overlap_choices) or (False,),
+            hsdp_zero_stages=tuple(z for z in space.hsdp_zero_stages if z in stack.hsdp_zero_stages),
             flash_attention=(stack.flash_attention,), overlap_grad_reduce=(stack.overlap_grad_reduce,),
             overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,))
         if narrowed.schedules and narrowed.zero_stages and narrowed.cp_kinds:

@@ -40,7 +40,8 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.data_parallel import dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree, optimizer_step_s
+from planner.cost.data_parallel import (dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree,
+                                       expert_shard_degree, hsdp_groups, optimizer_step_s)
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, layer_params_on_gpu,
                                  model_state_bytes, zero_sharded_params)
 from planner.cost.schedule import SCHEDULES
@@ -410,12 +411,65 @@ def refined_group_bounds(space: Space, t: GroupTables, g: np.ndarray, times=None
     return out
 
 
+def shard_degrees(space: Space, t: GroupTables, g, hsdp=0) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks ZeRO shards a stage's dense and expert states over, as ``step.estimate`` counts them (DualPipe's copies
+    included), for groups ``g`` and HSDP variants ``hsdp`` (``Rows.hsdp``: 0 over all of DP, else a shard size)."""
+    g = np.asarray(g, dtype=np.int64)
+    hsdp = np.broadcast_to(np.asarray(hsdp, dtype=np.int64), g.shape)
+    if not hsdp.any():
+        return t.dp_shard[g], t.expert_dp_shard[g]
+    copies, dp, cp = _stage_copies(space, g), space.dp[g], space.col("cp")[g]
+    shard = space.shard_of(g, hsdp)
+    edp = expert_shard_degree(dp, cp, space.col("ep")[g], space.col("tp")[g], space.col("etp")[g], dp // shard)
+    return shard * cp * copies, edp * copies
+
+
+def _variant_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: np.ndarray, hsdp: int,
+                    F, B, W) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``group_floors`` of groups ``g`` for one HSDP variant (``Rows.hsdp``; 0: ZeRO over all of DP): (a, C) of
+    shape (groups, 2, 4) and the optimizer step (groups, 4)."""
+    n = len(g)
+    m = space.num_microbatches[g] / _per_pass(space, g)  # passes of each rank's work (DualPipe: m / 2 pairs)
+    once = _per_schedule(space, g, lambda s: s.zero3_gathers_once_per_step)
+    i = cluster.gpu.comm_overlap_interference
+    dp_shard, edp_shard = shard_degrees(space, t, g, hsdp)
+    tp, cp, ep, etp = (space.col(c)[g] for c in ("tp", "cp", "ep", "etp"))
+    dp = space.dp[g]
+    shard = space.shard_of(g, np.full(n, hsdp)) if hsdp else None
+    dense_group, expert_group = dp_groups(cluster, tp, cp, dp, ep, etp, _stage_copies(space, g), space.col("pp")[g],
+                                          shard)
+    replicas = hsdp_groups(cluster, tp, cp, dp, ep, etp, shard)
+    grad_bytes = space.col("grb")[g]
+    coll = np.zeros((n, 4))
+    updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage
+    rank0 = None
+    for n_l, nm, extra, _, _, _ in _end_ranks(space, t, g):  # n_l: the rank's layers, its ZeRO-3 units
+        dense, expert = _local_params(t, g, n_l, nm, extra)
+        per_stage = [zero_sharded_params(dense, expert, z, dp_shard, edp_shard, "optimizer") for z in range(4)]
+        updated = np.maximum(updated, np.stack(per_stage, axis=1))
+        c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes, n_l, replicas)
+        z3 = np.where(once, c.zero3_per_gather_s, m * c.zero3_per_gather_s)
+        coll = np.maximum(coll, np.stack([c.all_reduce_s, c.reduce_scatter_s + c.all_gather_s,
+                                          c.reduce_scatter_s + c.all_gather_s, z3], axis=1))
+        rank0 = rank0 or c
+    a = 1 - (1 - i) / m
+    coef = np.empty((n, 2, 4))
+    coef[:, 0, :3], coef[:, 0, 3], coef[:, 1, :] = a[:, None], i, 1.0
+    const = np.zeros((n, 2, 4))
+    const[:, 0] = coll
+    fwd, bwd = F[:, 0], B[:, 0] + W[:, 0]
+    ogr, opg = space.col("ogr")[g].astype(bool), space.col("opg")[g].astype(bool)
+    const[:, 1] = np.stack([dp_exposed_s(rank0, z, fwd, bwd, fwd, m, once, ogr, opg, i) for z in range(4)], axis=1)
+    return coef, const, updated * t.optimizer_s_per_param
+
+
 def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: np.ndarray,
                  times=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per group and ZeRO stage 0..3, the data-parallel floors (a, C), shape (groups, 2, 4), such that
-    step >= max_k (a[k] P + C[k]) for a pipeline time P, and the optimizer step (groups, 4) of the larger of the
+    """Per group, ZeRO stage 0..3 and HSDP variant (``Rows.hsdp``: 0 over all of DP, j the group's j-th HSDP shard
+    size), the data-parallel floors (a, C), shape (groups, 2, 4 V) with column 4 j + stage, such that
+    step >= max_k (a[k] P + C[k]) for a pipeline time P, and the optimizer step (groups, 4 V) of the larger of the
     checked ranks; from ``planner.cost.data_parallel`` (collectives, exposure, optimizer) over the checked ranks'
-    parameters.
+    parameters. Variants a group does not have, and HSDP with a ZeRO stage it does not run with, are +inf.
 
     ``step.estimate`` adds each collective's exposed part, ``exposed_s(c, window) = c - h + i h`` with h = min(c,
     window) hidden under a window of the rank's compute and i = ``gpu.comm_overlap_interference``, to the pipeline
@@ -429,52 +483,40 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
       its traffic less (1 - i) x its window), per micro-batch: step >= P + m (c - (1 - i) t) >= i P + m c;
       gathered once per step (breadth-first schedules): step >= P + c - (1 - i) m t >= i P + c.
 
-    Rank 0's own windows (its exact ``rank_times``) give a second floor, ``data_parallel.dp_exposed_s`` with its
-    forward and backward and, for ZeRO-3, a micro-batch's time with recomputation bounded by one more forward.
+    HSDP's all-reduce of each gradient shard across the replicas is part of its reduce-scatter (``dp_collectives``),
+    so the same floors hold. Rank 0's own windows (its exact ``rank_times``) give a second floor,
+    ``data_parallel.dp_exposed_s`` with its forward and backward and, for ZeRO-3, a micro-batch's time with
+    recomputation bounded by one more forward.
     """
     g = np.asarray(g, dtype=np.int64)
     n = len(g)
-    m = space.num_microbatches[g] / _per_pass(space, g)  # passes of each rank's work (DualPipe: m / 2 pairs)
-    once = _per_schedule(space, g, lambda s: s.zero3_gathers_once_per_step)
-    i = cluster.gpu.comm_overlap_interference
-    dp_shard, edp_shard = t.dp_shard[g], t.expert_dp_shard[g]
-    dense_group, expert_group = dp_groups(cluster, space.col("tp")[g], space.col("cp")[g], space.dp[g],
-                                          space.col("ep")[g], space.col("etp")[g], _stage_copies(space, g),
-                                          space.col("pp")[g])
-    grad_bytes = space.col("grb")[g]
-    coll = np.zeros((n, 4))
-    updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage
-    rank0 = None
-    for n_l, nm, extra, _, _, _ in _end_ranks(space, t, g):  # n_l: the rank's layers, its ZeRO-3 units
-        dense, expert = _local_params(t, g, n_l, nm, extra)
-        per_stage = [zero_sharded_params(dense, expert, z, dp_shard, edp_shard, "optimizer") for z in range(4)]
-        updated = np.maximum(updated, np.stack(per_stage, axis=1))
-        c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes, n_l)
-        z3 = np.where(once, c.zero3_per_gather_s, m * c.zero3_per_gather_s)
-        coll = np.maximum(coll, np.stack([c.all_reduce_s, c.reduce_scatter_s + c.all_gather_s,
-                                          c.reduce_scatter_s + c.all_gather_s, z3], axis=1))
-        rank0 = rank0 or c
-    a = 1 - (1 - i) / m
-    coef = np.empty((n, 2, 4))
-    coef[:, 0, :3], coef[:, 0, 3], coef[:, 1, :] = a[:, None], i, 1.0
-    const = np.zeros((n, 2, 4))
-    const[:, 0] = coll
     F, B, W = times if times is not None else rank_times(space, t, g)
-    fwd, bwd = F[:, 0], B[:, 0] + W[:, 0]
-    ogr, opg = space.col("ogr")[g].astype(bool), space.col("opg")[g].astype(bool)
-    const[:, 1] = np.stack([dp_exposed_s(rank0, z, fwd, bwd, fwd, m, once, ogr, opg, i) for z in range(4)], axis=1)
-    return coef, const, updated * t.optimizer_s_per_param
+    n_hsdp = space.hsdp_count()[g] if len(g) else np.zeros(0, dtype=np.int64)
+    V = 1 + space.hsdp_columns
+    coef, const, opt = np.ones((n, 2, 4 * V)), np.full((n, 2, 4 * V), np.inf), np.full((n, 4 * V), np.inf)
+    for j in range(V):
+        has = np.flatnonzero(n_hsdp >= j) if j else np.arange(n)  # groups with a j-th HSDP shard size
+        if not len(has):
+            continue
+        a, c, o = _variant_floors(model, cluster, space, t, g[has], j, F[has], B[has], W[has])
+        stages = list(range(4)) if j == 0 else list(space.hsdp_zero_stages)
+        cols = [4 * j + z for z in stages]
+        coef[np.ix_(has, [0, 1], cols)] = a[:, :, stages]
+        const[np.ix_(has, [0, 1], cols)] = c[:, :, stages]
+        opt[np.ix_(has, cols)] = o[:, stages]
+    return coef, const, opt
 
 
-def floored_group_bound(space: Space, pipe_s: np.ndarray, coef: np.ndarray, const: np.ndarray,
-                        opt_s: np.ndarray) -> np.ndarray:
-    """Per group, the least over the space's ZeRO stages of a pipeline floor raised by the data-parallel floor,
-    plus the optimizer step."""
-    best = np.full(len(pipe_s), np.inf)
-    for z in space.zero_stages:
-        floor = np.maximum(pipe_s, (coef[:, :, z] * pipe_s[:, None] + const[:, :, z]).max(axis=1))
-        best = np.minimum(best, floor + opt_s[:, z])
-    return best
+def column_floors(space: Space, pipe_s: np.ndarray, coef: np.ndarray, const: np.ndarray,
+                  opt_s: np.ndarray) -> np.ndarray:
+    """(groups, 4 V): per group and column of ``group_floors`` (ZeRO stage and HSDP variant), a pipeline floor
+    raised by that column's data-parallel floor, plus its optimizer step; +inf where the space has no such rows.
+    A floor for every row of the column, since the floors only grow with the pipeline time."""
+    floor = np.maximum(pipe_s[:, None], (coef * pipe_s[:, None, None] + const).max(axis=1)) + opt_s
+    allowed = np.zeros(coef.shape[2], dtype=bool)
+    allowed[[z for z in space.zero_stages] if space.plain_rows else []] = True
+    allowed[[4 * j + z for j in range(1, coef.shape[2] // 4) for z in space.hsdp_zero_stages]] = True
+    return np.where(allowed, floor, np.inf)
 
 
 def with_data_parallel_floor(pipe_s: np.ndarray | float, coef: np.ndarray, coll_s: np.ndarray) -> np.ndarray:
@@ -494,8 +536,8 @@ def row_time_bound(space: Space, t: GroupTables, rows: Rows, pipe_floor: np.ndar
     if pipe_floor is not None:
         pipe = np.maximum(pipe, pipe_floor)
     if dp_floor is not None:
-        idx = np.arange(len(g))
-        pipe = with_data_parallel_floor(pipe, dp_floor[0][idx, :, rows.zero].T, dp_floor[1][idx, :, rows.zero].T)
+        idx, col = np.arange(len(g)), rows.zero + 4 * rows.hsdp  # group_floors' column of the row's variant
+        pipe = with_data_parallel_floor(pipe, dp_floor[0][idx, :, col].T, dp_floor[1][idx, :, col].T)
     return pipe + _optimizer_s(space, t, rows)
 
 
@@ -519,21 +561,24 @@ def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     """The optimizer step reads and writes the states of the parameters a GPU updates (sharded from ZeRO-1 on)."""
     g, z = rows.group, rows.zero
     out = np.zeros(len(g))
+    dp_shard, edp_shard = shard_degrees(space, t, g, rows.hsdp)
     for n, nm, extra, _, _, _ in _end_ranks(space, t, g):
         dense, expert = _local_params(t, g, n, nm, extra)
-        local = zero_sharded_params(dense, expert, z, t.dp_shard[g], t.expert_dp_shard[g], "optimizer")
+        local = zero_sharded_params(dense, expert, z, dp_shard, edp_shard, "optimizer")
         out = np.maximum(out, local * t.optimizer_s_per_param)
     return out
 
 
 def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.ndarray, n_moe: np.ndarray,
-                  extra_dense: np.ndarray) -> np.ndarray:
+                  extra_dense: np.ndarray, shards: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Weights, gradients and optimizer states of one GPU (``memory.model_state_bytes``: ZeRO stage sharding, plus
-    the two gathered layers ZeRO-3 holds), for the largest layer kind the rank holds."""
+    the two gathered layers ZeRO-3 holds), for the largest layer kind the rank holds. ``shards``: the (dense,
+    expert) shard degrees (``shard_degrees``; default ZeRO over all of DP, the fewest bytes)."""
     dense, expert = _local_params(t, g, n_layers, n_moe, extra_dense)
     largest = np.where(n_moe > 0, t.largest_layer_params[g, 1], 0.0)
     largest = np.maximum(largest, np.where(n_layers > n_moe, t.largest_layer_params[g, 0], 0.0))
-    states = model_state_bytes(StageParams(dense, expert, largest), zero, t.dp_shard[g], t.expert_dp_shard[g])
+    dp_shard, edp_shard = shards if shards is not None else (t.dp_shard[g], t.expert_dp_shard[g])
+    states = model_state_bytes(StageParams(dense, expert, largest), zero, dp_shard, edp_shard)
     return states["weights"] + states["gradients"] + states["optimizer"]
 
 
@@ -576,10 +621,11 @@ def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     workspace floor."""
     g, z, rec = rows.group, rows.zero, rows.rec
     vpp = _rank_chunks(space, g)
+    shards = shard_degrees(space, t, g, rows.hsdp)
     out = np.zeros(len(g))
     for n, nm, extra, has_emb, inflight, has_head in _end_ranks(space, t, g):
         acts = _activation_bytes(t, g, rec, n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0)
-        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra) + acts * inflight +
+        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra, shards) + acts * inflight +
                          _workspace_bytes(t, g, rec, has_head))
     return out
 
@@ -609,3 +655,36 @@ def group_memory_bound(space: Space, t: GroupTables, groups: np.ndarray | None =
                 out = np.maximum(out, s_rank[zi] + a_rank[ci])
             best = np.minimum(best, out)
     return np.where(np.isfinite(best), best, 0.0)
+
+
+def column_memory_floors(space: Space, t: GroupTables, groups: np.ndarray, columns: int) -> np.ndarray:
+    """(groups, columns): per group and column of ``group_floors`` (ZeRO stage z and HSDP variant j at 4 j + z),
+    a lower bound on the peak memory of its rows: the least over the recomputation modes (partial recomputation
+    lies between none and full) of the largest checked rank's states and activations; +inf for variants a group
+    lacks. Computed for the few groups being expanded, whose HSDP rows hold more than the plain ones."""
+    g = np.asarray(groups, dtype=np.int64)
+    vpp = _rank_chunks(space, g)
+    out = np.full((len(g), columns), np.inf)
+    n_hsdp = space.hsdp_count()[g]
+    ranks = list(_end_ranks(space, t, g))
+    acts = [[(_activation_bytes(t, g, np.int64(code), n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0))
+             * inflight + _workspace_bytes(t, g, np.int64(code), has_head) for code in space.rec_codes]
+            for n, nm, extra, has_emb, inflight, has_head in ranks]
+    wanted = set(space.zero_stages) if space.plain_rows else set()
+    wanted |= {4 * j + z for j in range(1, columns // 4) for z in space.hsdp_zero_stages}
+    for col in sorted(wanted):
+        j, z = divmod(col, 4)
+        has = n_hsdp >= j
+        if not has.any():
+            continue
+        shards = shard_degrees(space, t, g, np.full(len(g), j) * has)
+        states = [_states_bytes(t, g, np.int64(z), n, nm, extra, shards) for n, nm, extra, *_ in ranks]
+        best = np.full(len(g), np.inf)
+        for ci in range(len(space.rec_codes)):
+            peak = np.zeros(len(g))
+            for st, a in zip(states, acts):
+                peak = np.maximum(peak, st + a[ci])
+            best = np.minimum(best, peak)
+        out[:, col] = np.where(has, best, np.inf)
+    return out
+

@@ -3,14 +3,17 @@
 Method (which part does what, and why):
 
 1. :mod:`planner.search.space` enumerates every *group* of configurations (degrees, micro-batch, schedule, virtual
-   stages, SP) over the divisor lattice; a group's members differ only in ZeRO stage and recomputation.
+   stages, SP) over the divisor lattice; a group's members differ only in ZeRO stage (over all of DP or HSDP's
+   shard groups) and recomputation.
 2. :mod:`planner.search.bounds` computes, vectorized with numpy over all groups at once, a cheap lower bound on
    the step time of every member of each group (the pipeline's work over its ranks), and the groups are taken in
    that order, ``SCREEN_BATCH`` at a time.
 3. A batch of groups is screened, vectorized: groups whose memory bound exceeds the limit are dropped whole; the
    others get a refined bound (the schedule over their exact per-rank pipeline times, raised by the data-parallel
-   and optimizer floors) and go onto a heap; when one comes off it is expanded (numpy) into its rows, each with its
-   own bounds, which go onto the heap.
+   and optimizer floors of each (ZeRO stage, HSDP variant) column, the least of them) and a memory floor per column,
+   and go onto a heap; when one comes off it is expanded (numpy) into its rows; rows of a column whose floors
+   already exceed the memory limit or the K-th best are dropped, the others get their own bounds and go onto the
+   heap.
 4. Rows come off the heap in bound order and are evaluated exactly by ``planner.cost.step.estimate`` (the same
    function ``planner estimate`` uses). The search keeps the K best feasible plans and stops when the smallest bound
    left, among rows and unvisited groups, is larger than the K-th best exact value. Since no bound exceeds the
@@ -39,7 +42,7 @@ import numpy as np
 from planner.cost.step import LAYER_COSTS, Estimate, batch_costs, estimate
 from planner.cost.validity import config_problems, recompute_modules_problem
 from planner.errors import InfeasibleError, PlannerError
-from planner.search.bounds import (floored_group_bound, group_floors, group_memory_bound, group_tables,
+from planner.search.bounds import (column_floors, column_memory_floors, group_floors, group_memory_bound, group_tables,
                                    group_time_bound, layer_key_batch, refined_group_bounds, row_memory_bound,
                                    row_time_bound)
 from planner.search.partition import partition
@@ -95,7 +98,7 @@ def memory_limit_bytes(cluster: Cluster, max_memory_gib: float | None = None) ->
 def _sort_key(cfg: RunConfig) -> tuple:
     """A fixed total order on configurations, for deterministic tie-breaking."""
     return (cfg.tp, cfg.pp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.vpp, cfg.micro_batch_size, cfg.schedule,
-            not cfg.sequence_parallel, cfg.zero_stage, cfg.recompute, cfg.recompute_num_layers or 0,
+            not cfg.sequence_parallel, cfg.zero_stage, cfg.dp_shard or 0, cfg.recompute, cfg.recompute_num_layers or 0,
             cfg.layers_per_stage or (), cfg.recompute_layers_per_stage or ())
 
 
@@ -242,6 +245,9 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
     # refined pipeline floors and data-parallel floors of the groups reached (time objective)
     pipe_floor: dict[int, float] = {}
     dp_floor: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    col_floor: dict[int, np.ndarray] = {}  # per (ZeRO stage, HSDP variant) column: its rows' floor
+    col_mem: dict[int, np.ndarray] = {}  # and their memory floor
+    n_cols = 4 * (1 + sp.hsdp_columns)
     gi, seq, skipped = 0, 0, 0
     while True:
         next_group = g_bound[order[gi]] if gi < len(order) else math.inf
@@ -249,7 +255,7 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
         top = heap[0][0] if heap else math.inf
         if min(next_group, top_group, top) > kept.threshold or (gi >= len(order) and not heap and not group_heap):
             break  # every bound left is above the K-th best exact value: nothing left can enter
-        if next_group <= min(top_group, top):
+        if gi < len(order) and next_group <= min(top_group, top):
             batch = order[gi:gi + SCREEN_BATCH]
             gi += len(batch)
             if by_time:
@@ -259,19 +265,26 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
                 batch = batch[fits]
                 pipe = np.maximum(g_bound[batch], refined_group_bounds(sp, tables, batch))
                 coef, const, opt = group_floors(model, cluster, sp, tables, batch)
-                bound = floored_group_bound(sp, pipe, coef, const, opt)
-                near = bound <= kept.threshold  # the threshold only falls: the others can never enter
+                columns = column_floors(sp, pipe, coef, const, opt)
+                bound = columns.min(axis=1)
+                # the threshold only falls: the others can never enter (nor groups without rows: bound +inf)
+                near = (bound <= kept.threshold) & np.isfinite(bound)
                 skipped += int(per_group[batch[~near]].sum())
                 stats["groups_refined"] += len(batch)
-                for j in np.flatnonzero(near).tolist():
+                keep = np.flatnonzero(near)
+                mem_cols = column_memory_floors(sp, tables, batch[keep], n_cols)
+                for i, j in enumerate(keep.tolist()):
                     g = int(batch[j])
                     pipe_floor[g], dp_floor[g] = float(pipe[j]), (coef[j], const[j])
+                    col_floor[g], col_mem[g] = columns[j], mem_cols[i]
                     heapq.heappush(group_heap, (float(bound[j]), seq, g))
                     seq += 1
             else:
                 fits = g_bound[batch] <= limit
                 stats["pruned_by_memory_bound"] += int(per_group[batch[~fits]].sum())
-                for g in batch[fits].tolist():
+                mem_cols = column_memory_floors(sp, tables, batch[fits], n_cols)
+                for i, g in enumerate(batch[fits].tolist()):
+                    col_mem[g] = mem_cols[i]
                     heapq.heappush(group_heap, (float(g_bound[g]), seq, g))
                     seq += 1
             continue
@@ -284,8 +297,19 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             stats["groups_expanded"] += len(ids)
             rows = sp.expand(np.array(ids, dtype=np.int64))
             floor = dpf = None
+            # rows of a (ZeRO stage, HSDP variant) column that cannot fit, or (time) whose group-level floor is
+            # above the K-th best, never enter
+            at = np.repeat(np.arange(len(ids)), per_group[ids])
+            col = rows.zero + 4 * rows.hsdp
+            fits = np.stack([col_mem[g] for g in ids])[at, col] <= limit
+            stats["pruned_by_memory_bound"] += len(rows) - int(fits.sum())
+            col_ok = fits
             if by_time:
-                reps = per_group[ids]
+                col_ok = fits & (np.stack([col_floor[g] for g in ids])[at, col] <= kept.threshold)
+                skipped += int(fits.sum()) - int(col_ok.sum())
+            rows = rows.take(np.flatnonzero(col_ok))
+            if by_time:
+                reps = np.bincount(at[col_ok], minlength=len(ids))
                 floor = np.repeat(np.array([pipe_floor[g] for g in ids]), reps)
                 dpf = (np.repeat(np.array([dp_floor[g][0] for g in ids]), reps, axis=0),
                        np.repeat(np.array([dp_floor[g][1] for g in ids]), reps, axis=0))
@@ -302,11 +326,11 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             skipped += int(ok.sum()) - len(keep)
             for i in keep.tolist():
                 heapq.heappush(heap, (float(rb[i]), seq, (int(rows.group[i]), int(rows.zero[i]), int(rows.rec[i]),
-                                                          float(tb[i]), float(mem[i]))))
+                                                          int(rows.hsdp[i]), float(tb[i]), float(mem[i]))))
                 seq += 1
             continue
-        g, z, r, tb_i, mem_i = heapq.heappop(heap)[2]
-        cfg = sp.config(g, z, r)
+        g, z, r, h, tb_i, mem_i = heapq.heappop(heap)[2]
+        cfg = sp.config(g, z, r, h)
         if config_problems(model, cluster, cfg):
             stats["invalid"] += 1
             continue
@@ -367,6 +391,11 @@ def _infeasible(model: ModelSpec, cluster: Cluster, sp: Space, num_gpus: int, gl
                                                  ("micro-batch", "mb")))
             return InfeasibleError(f"no valid configuration of {model.name} on {num_gpus} GPUs within the "
                                    f"constraints", source="plan", fix=f"widen them; valid here: {valid}")
+    if len(sp.groups) and not sp.size():  # layouts exist, but none has a DP degree the asked shard sizes split
+        return InfeasibleError(f"no layout of {model.name} on {num_gpus} GPUs has a data-parallel degree that the "
+                               f"HSDP shard sizes {', '.join(map(str, space.dp_shard_values or ()))} divide into "
+                               f"2 or more replicas", source="--dp-shard",
+                               fix="use a shard size that divides the data-parallel degree, or add 'none'")
     if not len(sp.groups):
         simple = RunConfig(num_gpus=num_gpus, global_batch_size=global_batch, seq_len=seq_len)
         problems = config_problems(model, cluster, simple)

@@ -6,8 +6,9 @@ Enumeration happens in two levels, both exhaustive:
   schedule, virtual stages, sequence parallelism). Only divisors are visited and each rule of
   :mod:`planner.cost.validity` about these degrees is applied while walking, so even 10^5 GPUs give a few tens of
   thousands of groups, stored as one numpy array;
-* *rows*, the members of a group: one per ZeRO stage and recomputation variant (none, selective, full on every
-  layer, or full on the first ``k`` layers of each stage for k = 1 .. layers-per-stage - 1). Rows are built with
+* *rows*, the members of a group: one per ZeRO stage (over all of DP, or HSDP's shard groups of whole nodes,
+  ``hsdp_shards``) and recomputation variant (none, selective, full on every layer, or full on the first ``k``
+  layers of each stage for k = 1 .. layers-per-stage - 1). Rows are built with
   numpy for any set of groups (:meth:`Space.expand`), so the search materializes only the groups it cannot prune
   as a whole.
 
@@ -22,6 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.cost.data_parallel import expert_dp_degree
 from planner.cost.schedule import SCHEDULES
 from planner.cost.validity import tp_splits_heads, ulysses_problem
 from planner.errors import PlannerError
@@ -80,6 +82,16 @@ class SearchSpace:
     vpp_values: tuple[int, ...] | None = None
     #: expert tensor-parallel degrees (of TP and 1, the two both Megatron-Core and torchtitan run)
     etp_values: tuple[int, ...] | None = None
+    #: HSDP (config.RunConfig.dp_shard) as rows beside plain ZeRO: shard groups that fill this many whole nodes
+    #: (TP x CP x dp_shard = nodes x GPUs per node, the NVLink domain and its multiples; FSDP's hybrid sharding
+    #: "within a node, replicated across nodes" is 1), replicated over the rest of DP; () = no HSDP
+    hsdp_node_spans: tuple[int, ...] = (1, 2, 4, 8)
+    #: shard sizes in DP ranks a user asks for (``planner plan --dp-shard``) in place of the node spans
+    dp_shard_values: tuple[int, ...] | None = None
+    #: whether ZeRO over all of DP (no HSDP) is in the space
+    plain_zero: bool = True
+    #: the ZeRO stages HSDP runs with (Megatron's distributed-optimizer instances: 1; FSDP2: 1-3)
+    hsdp_zero_stages: tuple[int, ...] = (1, 2, 3)
 
     #: the fields a user's value constraints (``Constraints``) set on a space
     VALUE_FIELDS = ("tp_values", "pp_values", "cp_values", "ep_values", "vpp_values", "micro_batch_sizes",
@@ -110,6 +122,8 @@ class Constraints:
     schedules: tuple[str, ...] | None = None
     zero: tuple[int, ...] | None = None
     recompute: tuple[str, ...] | None = None
+    #: HSDP shard sizes in DP ranks, 0 for ZeRO over all of DP (no HSDP)
+    dp_shard: tuple[int, ...] | None = None
 
     def apply(self, space: SearchSpace) -> SearchSpace | None:
         """``space`` narrowed to these values, or None where a set knob leaves it nothing (a schedule, ZeRO stage
@@ -123,6 +137,14 @@ class Constraints:
             keep(space.micro_batch_sizes, self.micro_batch),
             tp_values=self.tp, pp_values=self.pp, cp_values=self.cp, ep_values=self.ep, vpp_values=self.vpp,
             etp_values=self.etp)
+        if self.dp_shard is not None:
+            sizes = tuple(x for x in self.dp_shard if x > 0)
+            narrowed = replace(narrowed, dp_shard_values=sizes or None, plain_zero=0 in self.dp_shard,
+                               hsdp_node_spans=narrowed.hsdp_node_spans if sizes else ())
+            if not sizes:
+                narrowed = replace(narrowed, hsdp_zero_stages=())
+            elif not narrowed.plain_zero and not set(narrowed.zero_stages) & set(narrowed.hsdp_zero_stages):
+                return None
         if not (narrowed.schedules and narrowed.zero_stages and narrowed.recompute_modes):
             return None
         return narrowed
@@ -130,6 +152,11 @@ class Constraints:
     def narrow(self, spaces: list[SearchSpace], runner: str) -> list[SearchSpace]:
         """The spaces that keep something under these constraints; a one-line error naming the option when a
         schedule, ZeRO stage or recomputation set leaves ``runner`` (a stack or launcher) nothing."""
+        if self.dp_shard is not None and any(x > 0 for x in self.dp_shard) and \
+                not any(set(s.hsdp_zero_stages) & set(s.zero_stages) for s in spaces):
+            raise PlannerError(f"{runner} runs no HSDP", source="--dp-shard",
+                               fix="drop --dp-shard, or use a stack that runs it (megatron-core: ZeRO-1 "
+                                   "instances; torchtitan: FSDP2)")
         for option, want, have in (("--schedules", self.schedules, {x for s in spaces for x in s.schedules}),
                                    ("--zero", self.zero, {x for s in spaces for x in s.zero_stages}),
                                    ("--recompute", self.recompute, {x for s in spaces for x in s.recompute_modes})):
@@ -147,9 +174,10 @@ class Constraints:
         parts = []
         for option, values in (("--tp", self.tp), ("--pp", self.pp), ("--cp", self.cp), ("--ep", self.ep),
                                ("--vpp", self.vpp), ("--micro-batch", self.micro_batch), ("--etp", self.etp),
-                               ("--schedules", self.schedules), ("--zero", self.zero), ("--recompute", self.recompute)):
+                               ("--schedules", self.schedules), ("--zero", self.zero), ("--recompute", self.recompute),
+                               ("--dp-shard", self.dp_shard)):
             if values is not None:
-                parts.append(f"{option} {','.join(map(str, values))}")
+                parts.append(f"{option} {','.join('none' if v == 0 and option == '--dp-shard' else str(v) for v in values)}")
         return " ".join(parts)
 
 
@@ -298,17 +326,23 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
 
 @dataclass(frozen=True)
 class Rows:
-    """Members of some groups: ``group`` indexes ``Space.groups``; ``rec`` uses the REC_* codes."""
+    """Members of some groups: ``group`` indexes ``Space.groups``; ``rec`` uses the REC_* codes; ``hsdp`` 0 for
+    ZeRO over all of DP, j >= 1 for HSDP with the shard size ``Space.hsdp_sizes(group)[j - 1]``."""
 
     group: np.ndarray
     zero: np.ndarray
     rec: np.ndarray
+    hsdp: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.hsdp is None:
+            object.__setattr__(self, "hsdp", np.zeros(len(self.group), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.group)
 
     def take(self, mask_or_idx: np.ndarray) -> "Rows":
-        return Rows(self.group[mask_or_idx], self.zero[mask_or_idx], self.rec[mask_or_idx])
+        return Rows(self.group[mask_or_idx], self.zero[mask_or_idx], self.rec[mask_or_idx], self.hsdp[mask_or_idx])
 
 
 def recompute_k(rec: np.ndarray) -> np.ndarray:
@@ -331,6 +365,14 @@ class Space:
     partial_recompute: bool
     precision: str = "bf16"
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
+    #: HSDP shard sizes (``hsdp_shards``): per distinct (TP, CP, PP, EP, expert TP) a row of S sizes in DP
+    #: ranks, the valid ones first, 0 = none (``hsdp_table``), and each group's row of it (``hsdp_key``)
+    hsdp_table: np.ndarray | None = None
+    hsdp_key: np.ndarray | None = None
+    #: the ZeRO stages of the HSDP rows (those of ``zero_stages`` HSDP runs with)
+    hsdp_zero_stages: tuple[int, ...] = ()
+    #: whether rows with ZeRO over all of DP are in the space (not when a user fixed --dp-shard)
+    plain_rows: bool = True
 
     def col(self, name: str) -> np.ndarray:
         return self.groups[:, G[name]]
@@ -366,9 +408,47 @@ class Space:
             overlap = self.col("epo").astype(bool)
             n_full = int(REC_FULL_ALL in self.rec_codes)
             n_codes = np.where(overlap, len(self.rec_codes) - n_full, len(self.rec_codes))
-            cached = (n_codes + np.where(overlap, 0, n_partial)) * len(self.zero_stages)
+            cached = (n_codes + np.where(overlap, 0, n_partial)) * self.zero_width()
             object.__setattr__(self, "_rows_per_group", cached)
         return cached
+
+    @property
+    def hsdp_columns(self) -> int:
+        """S: HSDP shard sizes a group may have (0 without HSDP rows)."""
+        if self.hsdp_table is None or not self.hsdp_zero_stages:
+            return 0
+        return self.hsdp_table.shape[1]
+
+    def hsdp_sizes(self, group: np.ndarray) -> np.ndarray:
+        """(len(group), S): the groups' HSDP shard sizes, valid ones first, 0 = none."""
+        return self.hsdp_table[self.hsdp_key[np.asarray(group, dtype=np.int64)]]
+
+    def hsdp_count(self) -> np.ndarray:
+        """HSDP shard sizes each group has rows for."""
+        cached = self.__dict__.get("_hsdp_count")
+        if cached is None:
+            cached = np.zeros(len(self.groups), dtype=np.int64) if not self.hsdp_columns else \
+                (self.hsdp_table > 0).sum(axis=1)[self.hsdp_key]
+            object.__setattr__(self, "_hsdp_count", cached)
+        return cached
+
+    def zero_width(self) -> np.ndarray:
+        """Rows of each group per recomputation variant: the plain ZeRO stages, then each HSDP shard size with the
+        ZeRO stages HSDP runs with."""
+        cached = self.__dict__.get("_zero_width")
+        if cached is None:
+            cached = len(self.zero_stages) * int(self.plain_rows) + self.hsdp_count() * len(self.hsdp_zero_stages)
+            object.__setattr__(self, "_zero_width", cached)
+        return cached
+
+    def shard_of(self, group: np.ndarray, hsdp: np.ndarray) -> np.ndarray:
+        """DP ranks ZeRO shards over for rows (``Rows.hsdp``): all of DP, or the HSDP shard size."""
+        group, hsdp = np.asarray(group, dtype=np.int64), np.asarray(hsdp, dtype=np.int64)
+        dp = self.dp[group]
+        if not self.hsdp_columns or not hsdp.any():
+            return dp
+        shard = np.take_along_axis(self.hsdp_sizes(group), np.maximum(hsdp - 1, 0)[:, None], axis=1)[:, 0]
+        return np.where(hsdp > 0, shard, dp)
 
     def size(self) -> int:
         """Number of configurations (rows) in the whole space."""
@@ -381,9 +461,14 @@ class Space:
         idx = np.repeat(group_ids, per)
         start = np.repeat(np.cumsum(per) - per, per)
         off = np.arange(len(idx)) - start
+        width = self.zero_width()[idx]
+        k, r = off % np.maximum(width, 1), off // np.maximum(width, 1)
+        n_plain = len(self.zero_stages) * int(self.plain_rows)
         zeros = np.array(self.zero_stages, dtype=np.int64)
-        z = zeros[off % len(zeros)]
-        r = off // len(zeros)
+        h_zeros = np.array(self.hsdp_zero_stages or (0,), dtype=np.int64)
+        kk = np.maximum(k - n_plain, 0)  # past the plain stages: shard size kk // len(h_zeros), stage kk % len
+        z = np.where(k < n_plain, zeros[np.minimum(k, len(zeros) - 1)], h_zeros[kk % len(h_zeros)])
+        hsdp = np.where(k < n_plain, 0, kk // len(h_zeros) + 1)
         base = np.array(self.rec_codes, dtype=np.int64)
         nb = len(base)
         rec = np.where(r < nb, base[np.minimum(r, nb - 1)], REC_FULL_K + (r - nb))
@@ -391,12 +476,13 @@ class Space:
         if overlap.any():  # those groups' rows skip full recomputation: their codes are the others, in order
             short = base[base != REC_FULL_ALL]
             rec = np.where(overlap, short[np.minimum(r, len(short) - 1)] if len(short) else rec, rec)
-        return Rows(idx, z, rec)
+        return Rows(idx, z, rec, hsdp)
 
-    def config(self, group: int, zero: int, rec: int) -> RunConfig:
+    def config(self, group: int, zero: int, rec: int, hsdp: int = 0) -> RunConfig:
         g = {name: int(self.groups[group, j]) for j, name in enumerate(GROUP_COLS)}
         mode = "none" if rec == REC_NONE else "selective" if rec == REC_SELECTIVE else "full"
         return RunConfig(
+            dp_shard=int(self.hsdp_sizes([group])[0, hsdp - 1]) if hsdp else None,
             num_gpus=self.num_gpus, tp=g["tp"], pp=g["pp"], cp=g["cp"], ep=g["ep"], vpp=g["vpp"],
             etp=None if g["etp"] == g["tp"] else g["etp"],
             global_batch_size=self.global_batch, micro_batch_size=g["mb"], seq_len=self.seq_len,
@@ -412,8 +498,48 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
     rows = group_rows(model, cluster, num_gpus, global_batch, seq_len, space)
     rec_codes = tuple(code for mode, code in (("none", REC_NONE), ("selective", REC_SELECTIVE),
                                               ("full", REC_FULL_ALL)) if mode in space.recompute_modes)
+    zero_stages = tuple(sorted(space.zero_stages))
+    table, key = hsdp_shards(model, cluster, rows, num_gpus, space)
     return Space(groups=rows,
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
-                 global_batch=global_batch, seq_len=seq_len, zero_stages=tuple(sorted(space.zero_stages)),
+                 global_batch=global_batch, seq_len=seq_len, zero_stages=zero_stages,
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
-                 recompute_modules=space.recompute_modules)
+                 recompute_modules=space.recompute_modules,
+                 hsdp_table=table, hsdp_key=key,
+                 hsdp_zero_stages=tuple(z for z in zero_stages if z in space.hsdp_zero_stages and z >= 1),
+                 plain_rows=space.plain_zero)
+
+
+def hsdp_shards(model: ModelSpec, cluster: Cluster, groups: np.ndarray, num_gpus: int,
+                space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
+    """The HSDP shard sizes (DP ranks) groups have rows for: the user's ``dp_shard_values``, else groups of DP ranks
+    whose TP x CP x dp_shard GPUs fill ``hsdp_node_spans`` whole nodes. Valid (``validity``'s dp_shard rules): at
+    least 2 and fewer than DP, dividing DP, and, for MoE models, an expert-data-parallel group that splits evenly
+    into the dp / dp_shard replicas. They depend on (TP, CP, PP, EP, expert TP) only, so they are computed once per
+    distinct tuple: returns (table, key), the sizes per distinct tuple (valid ones first, 0 = none) and each
+    group's row of the table."""
+    cols = [groups[:, G[c]].astype(np.int64) for c in ("tp", "cp", "pp", "ep", "etp")]
+    if not len(groups):
+        return np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    key = np.zeros(len(groups), dtype=np.int64)
+    for c in cols:  # a mixed-radix code of the tuple (the radices multiply to at most ~1e14 here)
+        key = key * (int(c.max()) + 1) + c
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    tp, cp, pp, ep, etp = (c[first] for c in cols)
+    n = len(first)
+    if space.dp_shard_values is not None:
+        cand = np.broadcast_to(np.array(space.dp_shard_values, dtype=np.int64), (n, len(space.dp_shard_values)))
+    else:
+        span = np.array(space.hsdp_node_spans, dtype=np.int64) * cluster.gpus_per_node
+        per = (tp * cp)[:, None]
+        cand = np.where(span[None, :] % per == 0, span[None, :] // per, 0)
+    if not cand.shape[1]:
+        return np.zeros((n, 0), dtype=np.int64), inv.reshape(-1)
+    dp = (num_gpus // (tp * cp * pp))[:, None]
+    ok = (cand >= 2) & (cand < dp) & (dp % np.maximum(cand, 1) == 0)
+    if model.is_moe:
+        edp = expert_dp_degree(dp, cp[:, None], ep[:, None], tp[:, None], etp[:, None])
+        ok &= edp % np.maximum(dp // np.maximum(cand, 1), 1) == 0
+    cand = np.where(ok, cand, 0)
+    order = np.argsort(cand == 0, axis=1, kind="stable")  # valid ones first, in the given order
+    return np.take_along_axis(cand, order, axis=1), inv.reshape(-1)

@@ -3,7 +3,7 @@
 A stack file (``stacks/*.json``, or a path) names the launcher it exports to, the runtime options it runs with by
 default (``options``: fused attention, overlap of gradient reduction and parameter gather, TP communication overlap,
 gradient-reduction dtype) and what it can run (``runs``: pipeline schedules, ZeRO stages, context-parallel kinds,
-TP communication overlap), each with its source. ``planner estimate --stack S`` takes S's options unless a flag
+TP communication overlap, the ZeRO stages HSDP runs with), each with its source. ``planner estimate --stack S`` takes S's options unless a flag
 overrides one; ``planner plan --stack S`` searches exactly what S runs (``planner.export.stack_spaces``).
 """
 
@@ -57,6 +57,8 @@ class Stack:
     source: str = ""
     #: whether it can overlap the MoE all-to-alls batch-wise (``runs.ep_comm_overlap``; absent: no)
     ep_comm_overlap_choices: tuple[bool, ...] = (False,)
+    #: the ZeRO stages it runs HSDP with (``runs.hsdp_zero_stages``; absent or empty: no HSDP)
+    hsdp_zero_stages: tuple[int, ...] = ()
 
     def options(self) -> dict[str, Any]:
         """The RunConfig runtime options this stack runs with."""
@@ -141,4 +143,6 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         cp_kinds=_list(runs, "cp_kinds", CP_KINDS, source) if runs.get("cp_kinds") else (),
         tp_comm_overlap_choices=tpo_choices or (False,), source=str(data.get("options_source", "")),
         ep_comm_overlap_choices=(_list(runs, "ep_comm_overlap", (True, False), source, bool) or (False,))
-        if "ep_comm_overlap" in runs else (False,))
+        if "ep_comm_overlap" in runs else (False,),
+        hsdp_zero_stages=_list(runs, "hsdp_zero_stages", tuple(z for z in ZERO_STAGES if z >= 1), source, int)
+        if "hsdp_zero_stages" in runs else ())
