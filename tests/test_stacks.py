@@ -140,3 +140,33 @@ def test_stack_spaces_narrow_the_launchers_spaces():
 def test_an_empty_stack_is_refused_alike_by_every_command(command):
     r = CliRunner().invoke(app, command + ["--stack", ""])
     assert r.exit_code == 2 and "--stack: empty stack name" in r.output
+
+
+def test_torchtitan_spaces_hold_only_recompute_counts_it_checkpoints():
+    """torchtitan checkpoints every N-th layer (selective_ac_option = N): a partial count k per chunk runs only where
+    k divides equal chunks. Llama-3.1-70B with ZeRO-3 on 1024 H100 once chose full recomputation of 14 of 80
+    layers, which torchtitan cannot run, and `plan --stack torchtitan` was refused."""
+    import numpy as np
+
+    from planner.search.space import REC_FULL_K, build_space, recompute_k
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import load_model
+
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("h100-80gb-sxm")
+    for space in stack_spaces(load_stack("torchtitan")):
+        sp = build_space(model, cluster, 64, 64, 4096, space)
+        rows = sp.expand(np.arange(len(sp.groups)))
+        part = rows.rec >= REC_FULL_K
+        chunk = sp.max_chunk()[rows.group[part]]
+        k = recompute_k(rows.rec[part])
+        assert part.any() and np.all(chunk % k == 0) and np.all(k < chunk)
+        assert np.all(sp.equal_chunks()[rows.group[part]])
+        # every divisor is there: a chunk of 40 layers (PP 2) has k = 1, 2, 4, 5, 8, 10, 20
+        forty = np.flatnonzero((sp.max_chunk() == 40) & sp.equal_chunks())[0]
+        one = sp.expand(np.array([forty]))
+        assert sorted(set(recompute_k(one.rec[one.rec >= REC_FULL_K]).tolist())) == [1, 2, 4, 5, 8, 10, 20]
+    args = ["plan", "--model", "llama-3.1-70b", "--cluster", "h100-80gb-sxm", "--gpus", "1024", "--global-batch",
+            "1024", "--seq-len", "8192", "--zero", "3", "--stack", "torchtitan", "--json", "--top", "0"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    torchtitan.sections(json.loads(r.stdout))  # not refused

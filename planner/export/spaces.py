@@ -43,6 +43,10 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
         base = replace(base, hsdp_zero_stages=(1,))
         return [replace(base, schedules=schedules, zero_stages=tuple(z for z in base.zero_stages if z <= 1)),
                 replace(base, max_pp=1)]
+    # torchtitan checkpoints every N-th layer (selective_ac_option = N): full recomputation of k layers per chunk
+    # only where k divides equal chunks
+    if target in ("torchtitan", "torchtitan-0.3"):
+        base = replace(base, recompute_count_divides=True)
     if target == "torchtitan-0.3":  # no expert TP (experts whole on their EP rank), no MoE all-to-all overlap
         base = replace(base, ep_comm_overlap=(False,), etp_values=(1,))
         schedules = tuple(s for s in base.schedules if torchtitan.SCHEDULE_NAMES.get(s))

@@ -50,6 +50,9 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (True, False)
     #: try "full on the first k layers of each stage" for every k (else only full on all layers)
     partial_recompute: bool = True
+    #: partial recomputation only where the count k divides every model chunk's layers (the chunks equal): the
+    #: layouts a launcher that checkpoints every N-th layer can run (torchtitan's selective_ac_option = N)
+    recompute_count_divides: bool = False
     #: runtime options. Each value the cost model ranks the same way everywhere (a fused attention kernel, TP
     #: communication overlapped with GEMMs, overlapped DP collectives, bf16 gradient reduction: never slower and
     #: never more memory than the alternative) is the default alone, so the default space has the same optimum
@@ -373,6 +376,8 @@ class Space:
     hsdp_zero_stages: tuple[int, ...] = ()
     #: whether rows with ZeRO over all of DP are in the space (not when a user fixed --dp-shard)
     plain_rows: bool = True
+    #: partial recomputation counts only dividing equal chunks (``SearchSpace.recompute_count_divides``)
+    partial_divides: bool = False
 
     def col(self, name: str) -> np.ndarray:
         return self.groups[:, G[name]]
@@ -398,10 +403,17 @@ class Space:
         """Largest chunk of the even split (``even_layer_split``): ceil(L / (pp * vpp)), per group."""
         return -(-self.num_layers // (self.col("pp") * self.col("vpp")))
 
+    def equal_chunks(self) -> np.ndarray:
+        """Whether each group's layers split into equal model chunks."""
+        return self.num_layers % (self.col("pp") * self.col("vpp")) == 0
+
     def rows_per_group(self) -> np.ndarray:
         cached = self.__dict__.get("_rows_per_group")
         if cached is None:
             n_partial = self.max_chunk() - 1
+            if self.partial_divides:
+                n_partial = np.where(self.equal_chunks(), np.array([len(divisors(int(c))) - 1 for c in
+                                                                    range(self.num_layers + 1)])[self.max_chunk()], 0)
             if not (self.partial_recompute and REC_FULL_ALL in self.rec_codes):
                 n_partial = np.zeros_like(n_partial)
             # the MoE all-to-all overlap runs without full recomputation only (Megatron-Core's rule)
@@ -471,7 +483,14 @@ class Space:
         hsdp = np.where(k < n_plain, 0, kk // len(h_zeros) + 1)
         base = np.array(self.rec_codes, dtype=np.int64)
         nb = len(base)
-        rec = np.where(r < nb, base[np.minimum(r, nb - 1)], REC_FULL_K + (r - nb))
+        k = r - nb + 1  # full recomputation of the first k layers of each chunk, k = 1 ..
+        if self.partial_divides and len(idx):  # the (r - nb + 1)-th divisor of the chunk size, below it
+            table = np.zeros((self.num_layers + 1, self.num_layers + 1), dtype=np.int64)
+            for c in range(1, self.num_layers + 1):
+                ds = divisors(c)[:-1]
+                table[c, :len(ds)] = ds
+            k = table[self.max_chunk()[idx], np.clip(r - nb, 0, self.num_layers)]
+        rec = np.where(r < nb, base[np.minimum(r, nb - 1)], REC_FULL_K + k - 1)
         overlap = self.col("epo")[idx].astype(bool) if len(idx) else np.zeros(0, dtype=bool)
         if overlap.any():  # those groups' rows skip full recomputation: their codes are the others, in order
             short = base[base != REC_FULL_ALL]
@@ -504,6 +523,7 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
                  global_batch=global_batch, seq_len=seq_len, zero_stages=zero_stages,
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
+                 partial_divides=space.recompute_count_divides,
                  recompute_modules=space.recompute_modules,
                  hsdp_table=table, hsdp_key=key,
                  hsdp_zero_stages=tuple(z for z in zero_stages if z in space.hsdp_zero_stages and z >= 1),
