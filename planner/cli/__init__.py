@@ -7,7 +7,7 @@ import importlib
 from planner.cli.app import app
 
 # every module here that defines commands; each registers itself on ``app`` when imported
-COMMAND_MODULES = ("estimate", "validate", "plan", "export", "explain", "sweep", "listing")
+COMMAND_MODULES = ("estimate", "validate", "plan", "export", "explain", "sweep", "replan", "listing")
 
 for _name in COMMAND_MODULES:
     try:
