@@ -28,7 +28,12 @@ PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "num_mi
                 "recompute", "recompute_num_layers", "zero_stage", "dp_shard", "sequence_parallel", "cp_kind")
 ESTIMATE_COLUMNS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "hfu",
                     "peak_memory_gib", "memory_limit_gib")
-COLUMNS = SCENARIO_COLUMNS + ("feasible",) + PLAN_COLUMNS + ESTIMATE_COLUMNS + ("error",)
+#: what a run costs (NaN without a price, or without a token budget for the last two): the cluster's price per
+#: GPU-hour (the profile's ``price_per_gpu_hour_usd`` or ``prices``), per million tokens, and for ``train_tokens``
+#: the days and dollars to train on them at the plan's throughput
+COST_COLUMNS = ("price_per_gpu_hour_usd", "cost_per_million_tokens_usd", "time_to_train_days", "cost_to_train_usd")
+COLUMNS = SCENARIO_COLUMNS + ("feasible",) + PLAN_COLUMNS + ESTIMATE_COLUMNS + COST_COLUMNS + ("error",)
+SECONDS_PER_HOUR, SECONDS_PER_DAY = 3600.0, 86400.0
 
 
 @dataclass(frozen=True)
@@ -135,11 +140,59 @@ def scenarios(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, se
     return [Scenario(*combo) for combo in itertools.product(ms, cs, ns, bs, ss)]
 
 
+def hardware_variants(clusters: list[Any], vary: dict[str, Any] | None) -> tuple[list[Any], list[dict[str, float]]]:
+    """The clusters of a co-design sweep: every profile with every combination of the varied fields' values
+    (``specs.hardware.cluster_variant``), and the values of each; without ``vary`` the clusters as given."""
+    if not vary:
+        return clusters, [{} for _ in clusters]
+    from planner.specs.hardware import cluster_variant
+
+    paths = list(vary)
+    lists = [_as_list(vary[p], f"vary {p}") for p in paths]
+    for p, values in zip(paths, lists):
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            raise PlannerError(f"needs numbers, got {values!r}", source="--vary", field=p)
+    out, values_of = [], []
+    for c in clusters:
+        if not isinstance(c, str):
+            raise PlannerError("a varied cluster must be a profile name or path, not a Cluster object",
+                               source="--vary", fix="pass the cluster's name or profile file")
+        for combo in itertools.product(*lists):
+            values = dict(zip(paths, combo))
+            out.append(cluster_variant(c, values))
+            values_of.append(values)
+    return out, values_of
+
+
+def _price(cluster: Any, prices: Any) -> float | None:
+    """The price per GPU-hour of a cluster: ``prices`` (one number, or by cluster name, a varied profile answering
+    to its base name too), else its profile's."""
+    if isinstance(prices, (int, float)) and not isinstance(prices, bool):
+        return float(prices)
+    if isinstance(prices, dict):
+        for key in (cluster.name, cluster.name.split("[")[0]):
+            if key in prices:
+                return float(prices[key])
+    return cluster.price_per_gpu_hour_usd
+
+
+def cost_columns(tokens_per_s: float, num_gpus: int, price: float | None, train_tokens: float | None) -> dict:
+    """``COST_COLUMNS`` of one plan: dollars per million tokens = price x GPUs / 3600 / (tokens/s) x 1e6; days
+    and dollars to train ``train_tokens`` tokens at that throughput."""
+    nan = float("nan")
+    per_million = price * num_gpus / SECONDS_PER_HOUR / tokens_per_s * 1e6 if price is not None else nan
+    seconds = train_tokens / tokens_per_s if train_tokens is not None else nan
+    return {"price_per_gpu_hour_usd": price if price is not None else nan,
+            "cost_per_million_tokens_usd": per_million, "time_to_train_days": seconds / SECONDS_PER_DAY,
+            "cost_to_train_usd": price * num_gpus * seconds / SECONDS_PER_HOUR if price is not None else nan}
+
+
 def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_lens: Any, *, top_k: int = 0,
           objective: str = "time", max_memory_gib: float | None = None, launcher: str | None = None,
           precision: str = "bf16", stack: str | None = None, processes: int | None = None,
           progress: bool | Callable[[int, int], None] = False, search: Callable[..., Any] | None = None,
-          constraints: Any = None) -> "Any":
+          constraints: Any = None, vary: dict[str, Any] | None = None, prices: Any = None,
+          train_tokens: float | None = None) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
     Each input is one value or a list: ``models`` shipped names / config.json paths / ``ModelSpec``s, ``clusters``
@@ -152,10 +205,20 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     plans each search keeps (the row reports the best; 0 is fastest). ``search``: the search function (default
     ``planner.search.search_plans``; a replacement must be picklable to run in workers). ``constraints``: a
     ``planner.search.space.Constraints`` every search keeps to (``planner sweep --tp 8 --schedules 1f1b``).
+
+    Hardware co-design: ``vary`` maps profile fields ("gpu.hbm_gib", "node.gpus_per_node",
+    "inter_node.bandwidth_gb_s") to lists of values; every cluster is swept with every combination, and each field
+    gets its own column. ``prices``: dollars per GPU-hour, one number or by cluster name (default: the profile's
+    ``price_per_gpu_hour_usd``); ``train_tokens``: a token budget. They fill ``COST_COLUMNS``.
     """
     import pandas as pd
 
-    jobs_list = scenarios(models, clusters, gpus, global_batch_sizes, seq_lens)
+    if train_tokens is not None and not (isinstance(train_tokens, (int, float)) and train_tokens > 0):
+        raise PlannerError(f"must be > 0, got {train_tokens!r}", source="train_tokens")
+    if isinstance(prices, (int, float)) and not isinstance(prices, bool) and not prices > 0:
+        raise PlannerError(f"must be > 0, got {prices!r}", source="prices")
+    cluster_list, varied = hardware_variants(_as_list(clusters, "clusters"), vary)
+    jobs_list = scenarios(models, cluster_list, gpus, global_batch_sizes, seq_lens)
     from planner.search.engine import check_search_options
 
     check_search_options(objective, top_k, max_memory_gib)  # a bad option fails once, not in every row
@@ -234,7 +297,15 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     finally:
         if bar is not None:
             bar.stop()
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    per_cluster = len(jobs_list) // len(cluster_list) // len(_as_list(models, "models"))
+    for i, (row, scenario) in enumerate(zip(rows, jobs_list)):
+        _, cluster = _resolve(scenario.model, scenario.cluster)
+        if row["feasible"]:
+            row.update(cost_columns(row["tokens_per_s"], row["num_gpus"], _price(cluster, prices), train_tokens))
+        for path, value in varied[(i // per_cluster) % len(cluster_list)].items():
+            row[path] = value
+    columns = list(COLUMNS[:len(SCENARIO_COLUMNS)]) + list(vary or ()) + list(COLUMNS[len(SCENARIO_COLUMNS):])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def pareto_front(df: "Any", x: str = "peak_memory_gib", y: str = "tokens_per_s",

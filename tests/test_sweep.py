@@ -128,3 +128,103 @@ def test_sweep_for_a_launcher():
         planner.sweep("llama-3.1-8b", "h100-80gb-sxm", 8, 64, 2048, launcher="slurm")
     with pytest.raises(PlannerError, match="custom search"):
         planner.sweep("llama-3.1-8b", "h100-80gb-sxm", 8, 64, 2048, launcher="megatron", search=pure_dp_search)
+
+
+# ---- hardware co-design (issue 15): varied profiles, prices, a token budget ----------------------------------------
+def test_vary_sweeps_every_combination_with_a_column_per_field():
+    df = planner.sweep(["llama-3.1-8b", "llama-3.1-70b"], ["h100-80gb-sxm", "a100-80gb-sxm"], [8, 16], [64], [2048],
+                       processes=1, search=pure_dp_search,
+                       vary={"gpu.hbm_gib": [80, 141], "inter_node.bandwidth_gb_s": [25, 100]})
+    assert len(df) == 2 * 2 * 4 * 2
+    cols = list(df.columns)
+    assert cols[cols.index("seq_len") + 1:cols.index("seq_len") + 3] == ["gpu.hbm_gib", "inter_node.bandwidth_gb_s"]
+    # the cluster name carries its changes, and the columns match it row by row (the product order)
+    for r in df.itertuples(index=False):
+        assert f"gpu.hbm_gib={getattr(r, '_5'):g}" in r.cluster and f"bandwidth_gb_s={getattr(r, '_6'):g}" in r.cluster
+    # the usable memory is the varied HBM less the profile's reserve: 61 GiB more at 141 than at 80, per profile
+    limits = df.groupby([df.cluster.str.split("[").str[0], "gpu.hbm_gib"]).memory_limit_gib.first().unstack()
+    assert (limits[141] - limits[80]).round(6).tolist() == [61.0, 61.0]
+
+
+def test_varied_profile_changes_what_the_cost_model_reads():
+    from planner.specs.hardware import cluster_variant, load_cluster
+    base = load_cluster("h100-80gb-sxm")
+    v = cluster_variant("h100-80gb-sxm", {"gpu.hbm_gib": 141, "node.gpus_per_node": 72,
+                                          "node.inter_node.bandwidth_gb_s": 100})
+    assert v.gpu.hbm_bytes == pytest.approx(141 * 1024**3) and v.gpus_per_node == 72
+    assert v.inter_node.bandwidth_bytes_per_s == pytest.approx(2 * base.inter_node.bandwidth_bytes_per_s)
+    assert v.gpu.peak_flops == base.gpu.peak_flops and v.name.startswith("h100-80gb-sxm[")
+    with pytest.raises(PlannerError) as e:
+        cluster_variant("h100-80gb-sxm", {"gpu.hbm": 80})
+    assert e.value.source == "--vary" and "gpu.hbm_gib" in e.value.fix
+    with pytest.raises(PlannerError) as e:  # the profile's own checks still apply
+        cluster_variant("h100-80gb-sxm", {"node.gpus_per_node": 7.5})
+    assert "gpus_per_node" in str(e.value)
+
+
+def test_more_memory_or_a_faster_network_never_makes_the_best_plan_slower():
+    df = planner.sweep("llama-3.1-70b", "h100-80gb-sxm", [64], [128], [8192], processes=1,
+                       vary={"gpu.hbm_gib": [60, 80, 141], "inter_node.bandwidth_gb_s": [12.5, 50]})
+    heat = df.pivot(index="gpu.hbm_gib", columns="inter_node.bandwidth_gb_s", values="step_time_s")
+    assert (heat.diff(axis=0).dropna() <= 1e-9).all().all() and (heat.diff(axis=1).dropna(axis=1) <= 1e-9).all().all()
+    assert heat.iloc[0, 0] > heat.iloc[-1, -1]  # and here they do help
+
+
+def test_cost_columns_by_hand():
+    df = planner.sweep("llama-3.1-8b", ["h100-80gb-sxm", "a100-80gb-sxm"], 8, 64, 4096, processes=1,
+                       search=pure_dp_search, prices={"h100-80gb-sxm": 3.0}, train_tokens=1e12)
+    h100, a100 = df.iloc[0], df.iloc[1]
+    assert h100.price_per_gpu_hour_usd == 3.0
+    assert h100.cost_per_million_tokens_usd == pytest.approx(3.0 * 8 / 3600 / h100.tokens_per_s * 1e6)
+    assert h100.time_to_train_days == pytest.approx(1e12 / h100.tokens_per_s / 86400)
+    assert h100.cost_to_train_usd == pytest.approx(3.0 * 8 * h100.time_to_train_days * 24)
+    assert pd.isna(a100.price_per_gpu_hour_usd) and pd.isna(a100.cost_per_million_tokens_usd)
+    assert a100.time_to_train_days == pytest.approx(1e12 / a100.tokens_per_s / 86400)
+    one = planner.sweep("llama-3.1-8b", "a100-80gb-sxm", 8, 64, 4096, processes=1, search=pure_dp_search, prices=2)
+    assert one.iloc[0].price_per_gpu_hour_usd == 2.0
+
+
+def test_a_profiles_price_is_read_and_checked(tmp_path):
+    import json
+
+    from planner.specs.hardware import hardware_profiles_dir, load_cluster
+    data = json.loads((hardware_profiles_dir() / "h100-80gb-sxm.json").read_text())
+    data["price_per_gpu_hour_usd"] = 2.25
+    path = tmp_path / "priced.json"
+    path.write_text(json.dumps(data))
+    assert load_cluster(str(path)).price_per_gpu_hour_usd == 2.25
+    df = planner.sweep("llama-3.1-8b", str(path), 8, 64, 4096, processes=1, search=pure_dp_search)
+    assert df.iloc[0].price_per_gpu_hour_usd == 2.25
+    data["price_per_gpu_hour_usd"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlannerError) as e:
+        load_cluster(str(path))
+    assert e.value.field == "price_per_gpu_hour_usd"
+
+
+def test_cli_codesign_sweep(tmp_path):
+    out = tmp_path / "codesign.csv"
+    r = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
+                            "--global-batch", "64", "--seq-len", "4096", "--vary", "gpu.hbm_gib=80,141",
+                            "--vary", "node.gpus_per_node=8,72", "--price-per-gpu-hour", "h100-80gb-sxm=2.5",
+                            "--train-tokens", "15e12", "--csv", str(out), "--jobs", "1"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(out)
+    assert len(df) == 4 and set(df["node.gpus_per_node"]) == {8, 72}
+    assert df.cost_per_million_tokens_usd.notna().all() and df.time_to_train_days.notna().all()
+    assert "tokens" in r.output and "$" in r.output  # the table's cost column
+    assert "h100-80gb-sxm[gpu.hbm_gib=141" in r.output.replace("\n", "").replace("│", "").replace(" ", "")
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--vary", "gpu.hbm=80"], "gpu.hbm_gib"),
+    (["--vary", "gpu.hbm_gib"], "PATH=VALUES"),
+    (["--vary", "gpu.hbm_gib=eighty"], "not a number"),
+    (["--price-per-gpu-hour", "-2"], "positive"),
+    (["--price-per-gpu-hour", "h100=x"], "not a number"),
+    (["--train-tokens", "0"], "--train-tokens"),
+])
+def test_cli_codesign_errors_name_the_option(extra, needle):
+    r = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
+                            "--global-batch", "64", *extra])
+    assert r.exit_code != 0 and needle in r.output and "Traceback" not in r.output

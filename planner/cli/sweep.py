@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -27,6 +28,46 @@ def split_values(values: list[str] | None, option: str) -> list[str]:
     return out
 
 
+def _number(text: str, option: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise PlannerError(f"not a number: '{text}'", source=option, fix=what) from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise PlannerError(f"must be a positive number, got {text}", source=option, fix=what)
+    return value
+
+
+def vary_values(items: list[str] | None) -> dict[str, list[float]]:
+    """``--vary PATH=V1,V2`` (repeatable) as {path: [values]}."""
+    out: dict[str, list[float]] = {}
+    for item in items or []:
+        path, sep, values = item.partition("=")
+        if not sep or not path.strip() or not values.strip():
+            raise PlannerError(f"not PATH=VALUES: '{item}'", source="--vary", fix="e.g. gpu.hbm_gib=80,141,192")
+        if path.strip() in out:
+            raise PlannerError(f"'{path.strip()}' given twice", source="--vary", fix="one --vary per field")
+        out[path.strip()] = [_number(v.strip(), "--vary", "e.g. gpu.hbm_gib=80,141,192")
+                             for v in values.split(",") if v.strip()]
+    return out
+
+
+def price_values(text: str | None) -> float | dict[str, float] | None:
+    """``--price-per-gpu-hour``: one number, or CLUSTER=PRICE pairs."""
+    if text is None:
+        return None
+    what = "one number (2.5) or CLUSTER=PRICE pairs (h100-80gb-sxm=2.5,b200-180gb=5)"
+    if "=" not in text:
+        return _number(text.strip(), "--price-per-gpu-hour", what)
+    out = {}
+    for pair in text.split(","):
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise PlannerError(f"not CLUSTER=PRICE: '{pair}'", source="--price-per-gpu-hour", fix=what)
+        out[name.strip()] = _number(value.strip(), "--price-per-gpu-hour", what)
+    return out
+
+
 def int_values(values: list[str] | None, option: str) -> list[int]:
     out = []
     for v in split_values(values, option):
@@ -42,12 +83,13 @@ def int_values(values: list[str] | None, option: str) -> list[int]:
 
 def result_table(df: Any) -> Table:
     t = Table(title=f"Best plan per scenario ({len(df)} scenarios, {int(df['feasible'].sum())} feasible)")
-    add_columns(t, ("scenario", "layout", "schedule, recompute, ZeRO", "step s", "MFU", "GiB"),
-                text=("scenario", "layout", "schedule, recompute, ZeRO"))
+    priced = "cost_per_million_tokens_usd" in df and df["cost_per_million_tokens_usd"].notna().any()
+    add_columns(t, ("scenario", "layout", "schedule, recompute, ZeRO", "step s", "MFU", "GiB") +
+                (("$ per M tokens",) if priced else ()), text=("scenario", "layout", "schedule, recompute, ZeRO"))
     for r in df.head(MAX_TABLE_ROWS).itertuples(index=False):
-        scenario = f"{r.model} on {r.num_gpus} x {r.cluster}, batch {r.global_batch_size}, seq {r.seq_len}"
+        scenario = escape(f"{r.model} on {r.num_gpus} x {r.cluster}, batch {r.global_batch_size}, seq {r.seq_len}")
         if not r.feasible:
-            t.add_row(scenario, f"[red]{r.error}[/]", "", "", "", "")
+            t.add_row(scenario, f"[red]{r.error}[/]", "", "", "", "", *([""] if priced else []))
             continue
         layout = [f"{name}{int(getattr(r, col))}" for name, col in (("TP", "tp"), ("PP", "pp"), ("DP", "dp"),
                                                                    ("CP", "cp"), ("EP", "ep"), ("VPP", "vpp"))
@@ -56,7 +98,8 @@ def result_table(df: Any) -> Table:
         hsdp = f" HSDP {int(r.dp_shard)}x{int(r.dp) // int(r.dp_shard)}" if r.dp_shard == r.dp_shard and \
             r.dp_shard is not None else ""  # NaN (pandas' None) is not equal to itself
         t.add_row(scenario, " ".join(layout), f"{r.schedule}, {r.recompute}, ZeRO-{int(r.zero_stage)}{hsdp}",
-                  f"{r.step_time_s:.3f}", f"{100 * r.mfu:.1f}%", f"{r.peak_memory_gib:.1f}")
+                  f"{r.step_time_s:.3f}", f"{100 * r.mfu:.1f}%", f"{r.peak_memory_gib:.1f}",
+                  *([f"{r.cost_per_million_tokens_usd:.3f}"] if priced else []))
     return t
 
 
@@ -86,6 +129,14 @@ def sweep(
     jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
     csv: Path = typer.Option(None, "--csv", help="Write every row to this CSV file"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no table (with --csv)"),
+    vary: list[str] = typer.Option(None, "--vary", help="Hardware co-design: a profile field and its values, e.g. "
+                                                        "gpu.hbm_gib=80,141,192 or node.gpus_per_node=8,72 "
+                                                        "(repeat for more fields; every combination is swept)"),
+    price: str = typer.Option(None, "--price-per-gpu-hour", help="Dollars per GPU-hour: one number, or "
+                                                                 "CLUSTER=PRICE pairs (default: the profile's "
+                                                                 "price_per_gpu_hour_usd)"),
+    train_tokens: float = typer.Option(None, "--train-tokens", help="A token budget (e.g. 15e12): adds the days "
+                                                                    "and dollars to train on it"),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
     ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
     dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
@@ -114,7 +165,17 @@ def sweep(
         check_writable(csv, "--csv")  # before the work, not after it
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
                                      dp_shard)
-    total = len(models) * len(clusters) * len(counts) * len(batches) * len(lengths)
+    varied = vary_values(vary)
+    prices = price_values(price)
+    if train_tokens is not None and not train_tokens > 0:
+        raise PlannerError(f"must be > 0, got {train_tokens:g}", source="--train-tokens")
+    n_variants = 1
+    for values in varied.values():
+        n_variants *= len(values)
+    if varied:  # a bad field or value fails here, before the progress bar
+        from planner.sweep import hardware_variants
+        hardware_variants(clusters, varied)
+    total = len(models) * len(clusters) * n_variants * len(counts) * len(batches) * len(lengths)
     progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
     with progress:
@@ -122,6 +183,7 @@ def sweep(
         df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
                        max_memory_gib=max_memory_gib, launcher=launcher, precision=precision,
                        stack=_sweep_stack(stack, launcher), processes=jobs, constraints=constraints,
+                       vary=varied or None, prices=prices, train_tokens=train_tokens,
                        progress=lambda done, _total: progress.update(task, completed=done))
     if csv is not None:
         try:

@@ -133,6 +133,9 @@ class Cluster:
     collectives: CollectiveLibrary = field(default_factory=load_collective_library)
     #: one GPU's link to host memory, per direction (PCIe, NVLink-C2C); 0 where the profile gives none
     host_link_bytes_per_s: float = 0.0
+    #: what one GPU-hour costs (``price_per_gpu_hour_usd``, the user's own figure: prices are contracts, not
+    #: hardware); None where the profile gives none
+    price_per_gpu_hour_usd: float | None = None
 
 
 def hardware_profiles_dir() -> Path:
@@ -154,30 +157,75 @@ def load_cluster(name_or_path: str) -> Cluster:
     return cluster_from_dict(read_json_file(path, "hardware profile"), source=str(path), default_name=path.stem)
 
 
+#: a profile field a co-design sweep may set although the profile lacks it
+SETTABLE_ABSENT_FIELDS = ("price_per_gpu_hour_usd",)
+
+
+def numeric_fields(data: Any, prefix: str = "") -> list[str]:
+    """The paths ("gpu.hbm_gib") of a profile's numeric fields, the ones a co-design sweep can vary."""
+    out = []
+    for key, value in (data.items() if isinstance(data, dict) else ()):
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out += numeric_fields(value, path + ".")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(path)
+    return out
+
+
+def cluster_variant(name_or_path: str, values: dict[str, float], option: str = "--vary") -> Cluster:
+    """A shipped profile (or a profile file) with numeric fields replaced, for hardware co-design sweeps
+    (Calculon's question: which machine trains this model best). ``values`` maps a field's path in the profile
+    JSON ("gpu.hbm_gib", "node.gpus_per_node", "inter_node.bandwidth_gb_s") to its value, in the unit its key
+    names; the result is checked like any profile and named after the changes."""
+    import copy
+
+    path = _resolve(name_or_path, hardware_profiles_dir(), "--cluster", "cluster",
+                    f"use a profile path or one of: {', '.join(shipped_clusters())}")
+    data = copy.deepcopy(read_json_file(path, "hardware profile"))
+    for key, value in values.items():
+        # the NIC link sits at the profile's top level; "node.inter_node..." (where one might look for it) means it
+        parts, d = (key[len("node."):] if key.startswith("node.inter_node.") else key).split("."), data
+        for part in parts[:-1]:
+            d = d.get(part) if isinstance(d, dict) else None
+        known = isinstance(d, dict) and (isinstance(d.get(parts[-1]), (int, float)) and
+                                         not isinstance(d.get(parts[-1]), bool) or key in SETTABLE_ABSENT_FIELDS)
+        if not known:
+            fields_ = numeric_fields(data)
+            raise PlannerError(f"profile {path.stem} has no numeric field '{key}'", source=option, field=key,
+                               fix=f"use a path of the profile's numbers, e.g. {', '.join(fields_[:6])} "
+                                   f"(all {len(fields_)}: see hardware_profiles/{path.stem}.json)")
+        d[parts[-1]] = int(value) if isinstance(d.get(parts[-1]), int) and float(value).is_integer() else value
+    data["name"] = f"{data.get('name', path.stem)}[" + ",".join(f"{k}={v:g}" for k, v in values.items()) + "]"
+    return cluster_from_dict(data, source=f"{path} with {option} " +
+                             " ".join(f"{k}={v:g}" for k, v in values.items()), default_name=path.stem)
+
+
 def _num(d: Any, key: str, source: str, section: str, *, positive: bool = True, maximum: float | None = None,
          default: float | None = None) -> float:
     if not isinstance(d, dict):
         raise PlannerError("must be an object", source=source, field=section, fix=_FORMAT_FIX)
+    where = f"{section}.{key}" if section else key  # the field's path in the profile
     if key not in d:
         if default is not None:
             return default
-        raise PlannerError("missing required field", source=source, field=f"{section}.{key}",
+        raise PlannerError("missing required field", source=source, field=where,
                            fix=_FORMAT_FIX)
     value = d[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             isinstance(value, float) and not math.isfinite(value):
-        raise PlannerError(f"must be a number, got {value!r}", source=source, field=f"{section}.{key}")
+        raise PlannerError(f"must be a number, got {value!r}", source=source, field=where)
     if abs(value) > MAX_PROFILE_NUMBER:
         raise PlannerError(f"must be <= {MAX_PROFILE_NUMBER:g}, got {value!r:.40}", source=source,
-                           field=f"{section}.{key}", fix="values are in the unit the key names (TFLOP/s, GiB, GB/s)")
+                           field=where, fix="values are in the unit the key names (TFLOP/s, GiB, GB/s)")
     if positive and value <= 0 or not positive and value < 0:
         raise PlannerError(f"must be {'> 0' if positive else '>= 0'}, got {value}", source=source,
-                           field=f"{section}.{key}")
+                           field=where)
     if positive and value < MIN_PROFILE_NUMBER:
         raise PlannerError(f"must be >= {MIN_PROFILE_NUMBER:g}, got {value!r:.40}", source=source,
-                           field=f"{section}.{key}", fix="values are in the unit the key names (TFLOP/s, GiB, GB/s)")
+                           field=where, fix="values are in the unit the key names (TFLOP/s, GiB, GB/s)")
     if maximum is not None and value > maximum:
-        raise PlannerError(f"must be <= {maximum}, got {value}", source=source, field=f"{section}.{key}")
+        raise PlannerError(f"must be <= {maximum}, got {value}", source=source, field=where)
     return float(value)
 
 
@@ -276,6 +324,8 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         collectives=load_collective_library(_library_name(data, source)),
         host_link_bytes_per_s=(_num(data["host_link"], "bandwidth_gb_s", source, "host_link") * GB
                                if "host_link" in data else 0.0),
+        price_per_gpu_hour_usd=(_num(data, "price_per_gpu_hour_usd", source, "")
+                                if "price_per_gpu_hour_usd" in data else None),
     )
 
 
