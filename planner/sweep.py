@@ -1,8 +1,9 @@
 """What-if sweeps: the best plan for every combination of models, clusters, GPU counts, batch sizes and sequence
 lengths, as one ``pandas`` DataFrame (one row per scenario, in the order of the Cartesian product of the inputs).
 
-Large sweeps run on a process pool (one search per scenario, each worker with its own estimate cache); the rows come
-back in scenario order whatever the pool does, so a sweep's result is deterministic. ``pandas`` and the search are
+Large sweeps run on a process pool (one search per scenario, each worker with its own estimate cache), or on
+dask.distributed (``backend="dask"``: a local cluster or a running scheduler); the rows come back in scenario order
+whatever the workers do, so a sweep's result is deterministic. ``pandas`` and the search are
 imported when a sweep runs, so ``import planner`` stays cheap.
 """
 
@@ -34,6 +35,8 @@ ESTIMATE_COLUMNS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflo
 COST_COLUMNS = ("price_per_gpu_hour_usd", "cost_per_million_tokens_usd", "time_to_train_days", "cost_to_train_usd")
 COLUMNS = SCENARIO_COLUMNS + ("feasible",) + PLAN_COLUMNS + ESTIMATE_COLUMNS + COST_COLUMNS + ("error",)
 SECONDS_PER_HOUR, SECONDS_PER_DAY = 3600.0, 86400.0
+#: where a sweep's scenarios run: a local process pool, or dask.distributed (a local cluster or a scheduler)
+BACKENDS = ("process", "dask")
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,8 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
           precision: str = "bf16", stack: str | None = None, processes: int | None = None,
           progress: bool | Callable[[int, int], None] = False, search: Callable[..., Any] | None = None,
           constraints: Any = None, vary: dict[str, Any] | None = None, prices: Any = None,
-          train_tokens: float | None = None) -> "Any":
+          train_tokens: float | None = None, backend: str = "process", scheduler: str | None = None,
+          on_row: Callable[[int, dict[str, Any]], None] | None = None) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
     Each input is one value or a list: ``models`` shipped names / config.json paths / ``ModelSpec``s, ``clusters``
@@ -210,6 +214,10 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     "inter_node.bandwidth_gb_s") to lists of values; every cluster is swept with every combination, and each field
     gets its own column. ``prices``: dollars per GPU-hour, one number or by cluster name (default: the profile's
     ``price_per_gpu_hour_usd``); ``train_tokens``: a token budget. They fill ``COST_COLUMNS``.
+
+    ``backend``: "process" (the default: a local process pool) or "dask" (dask.distributed: a local cluster of
+    ``processes`` workers, or the scheduler at ``scheduler``); the frame is the same. ``on_row(index, row)`` is
+    called as each scenario finishes (in any order with dask), so a caller can keep rows a failure would lose.
     """
     import pandas as pd
 
@@ -218,6 +226,11 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     if isinstance(prices, (int, float)) and not isinstance(prices, bool) and not prices > 0:
         raise PlannerError(f"must be > 0, got {prices!r}", source="prices")
     cluster_list, varied = hardware_variants(_as_list(clusters, "clusters"), vary)
+    if backend not in BACKENDS:
+        raise PlannerError(f"unknown backend '{backend}'", source="--backend", fix=f"use one of: {', '.join(BACKENDS)}")
+    if scheduler is not None and backend != "dask":
+        raise PlannerError("a scheduler address needs the dask backend", source="--scheduler",
+                           fix="add --backend dask")
     jobs_list = scenarios(models, cluster_list, gpus, global_batch_sizes, seq_lens)
     from planner.search.engine import check_search_options
 
@@ -279,33 +292,88 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
         def report(done: int, _total: int) -> None:
             return None
 
-    rows: list[dict[str, Any]] = []
+    per_cluster = len(jobs_list) // len(cluster_list) // len(_as_list(models, "models"))
+    rows: list[dict[str, Any] | None] = [None] * total
+    done = 0
+
+    def arrive(i: int, row: dict[str, Any]) -> None:
+        """A finished scenario: its cost and varied-hardware columns, then stored, reported and streamed."""
+        nonlocal done
+        scenario = jobs_list[i]
+        _, cluster = _resolve(scenario.model, scenario.cluster)
+        if row["feasible"]:
+            row.update(cost_columns(row["tokens_per_s"], row["num_gpus"], _price(cluster, prices), train_tokens))
+        for path, value in varied[(i // per_cluster) % len(cluster_list)].items():
+            row[path] = value
+        rows[i] = row
+        done += 1
+        report(done, total)
+        if on_row is not None:
+            on_row(i, row)
+
     try:
-        if processes == 1 or total <= 1:
-            for job in jobs:
-                rows.append(run_scenario(job))
-                report(len(rows), total)
+        if backend == "dask":
+            _run_dask(jobs, processes, scheduler, arrive)
+        elif processes == 1 or total <= 1:
+            for i, job in enumerate(jobs):
+                arrive(i, run_scenario(job))
         else:
             from concurrent.futures import ProcessPoolExecutor
 
             workers = min(processes, total)
             chunk = max(1, total // (workers * CHUNKS_PER_WORKER))
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                for row in pool.map(run_scenario, jobs, chunksize=chunk):  # results in submission order
-                    rows.append(row)
-                    report(len(rows), total)
+                for i, row in enumerate(pool.map(run_scenario, jobs, chunksize=chunk)):  # in submission order
+                    arrive(i, row)
     finally:
         if bar is not None:
             bar.stop()
-    per_cluster = len(jobs_list) // len(cluster_list) // len(_as_list(models, "models"))
-    for i, (row, scenario) in enumerate(zip(rows, jobs_list)):
-        _, cluster = _resolve(scenario.model, scenario.cluster)
-        if row["feasible"]:
-            row.update(cost_columns(row["tokens_per_s"], row["num_gpus"], _price(cluster, prices), train_tokens))
-        for path, value in varied[(i // per_cluster) % len(cluster_list)].items():
-            row[path] = value
     columns = list(COLUMNS[:len(SCENARIO_COLUMNS)]) + list(vary or ()) + list(COLUMNS[len(SCENARIO_COLUMNS):])
     return pd.DataFrame(rows, columns=columns)
+
+
+def run_chunk(chunk: list[tuple[int, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """Scenarios of one dask task, each with its index in the sweep (picklable, runs on dask workers)."""
+    return [(i, run_scenario(job)) for i, job in chunk]
+
+
+def _run_dask(jobs: list[Any], processes: int | None, scheduler: str | None,
+              arrive: Callable[[int, dict[str, Any]], None]) -> None:
+    """The scenarios as dask.distributed tasks (chunks of them, like the process pool's), on the scheduler at
+    ``scheduler`` or on a local cluster of ``processes`` single-threaded worker processes; each row is handed to
+    ``arrive`` as its task finishes (any order: the caller keeps scenario order)."""
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise PlannerError("the dask backend needs dask.distributed", source="--backend",
+                           fix="pip install 'distributed' (or the project's [cluster] extra), or use --backend "
+                               "process") from None
+    import logging
+
+    cluster = None
+    try:
+        if scheduler is not None:
+            try:
+                client = Client(scheduler, timeout="10s")
+            except (OSError, TimeoutError) as e:
+                raise PlannerError(f"cannot reach the dask scheduler: {e}", source="--scheduler",
+                                   fix="give the address a running `dask scheduler` prints (tcp://host:8786)")
+        else:
+            cluster = LocalCluster(n_workers=processes or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                                   dashboard_address=None, silence_logs=logging.ERROR)
+            client = Client(cluster)
+        with client:
+            workers = max(1, len(client.scheduler_info().get("workers", {})) or (processes or 1))
+            size = max(1, len(jobs) // (workers * CHUNKS_PER_WORKER))
+            indexed = list(enumerate(jobs))
+            chunks = [indexed[k:k + size] for k in range(0, len(indexed), size)]
+            futures = [client.submit(run_chunk, c, pure=False) for c in chunks]
+            for future in as_completed(futures):
+                for i, row in future.result():
+                    arrive(i, row)
+    finally:
+        if cluster is not None:
+            cluster.close()
 
 
 def pareto_front(df: "Any", x: str = "peak_memory_gib", y: str = "tokens_per_s",

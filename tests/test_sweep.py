@@ -228,3 +228,54 @@ def test_cli_codesign_errors_name_the_option(extra, needle):
     r = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
                             "--global-batch", "64", *extra])
     assert r.exit_code != 0 and needle in r.output and "Traceback" not in r.output
+
+
+# ---- the dask backend (issue 15): the same frame as the process pool, rows kept as they finish -------------------
+DASK_ARGS = (["llama-3.1-8b"], ["h100-80gb-sxm", "a100-80gb-sxm"], [8, 16], [64], [2048, 4096])
+
+
+def test_dask_backend_gives_the_process_pools_frame_on_a_local_cluster_and_a_scheduler():
+    from distributed import LocalCluster  # in the test install: a missing one fails, never skips
+
+    pool = planner.sweep(*DASK_ARGS, processes=2)
+    seen = []
+    local = planner.sweep(*DASK_ARGS, processes=2, backend="dask", on_row=lambda i, row: seen.append(i))
+    pd.testing.assert_frame_equal(pool, local)
+    assert sorted(seen) == list(range(len(pool)))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        remote = planner.sweep(*DASK_ARGS, backend="dask", scheduler=cluster.scheduler_address)
+    pd.testing.assert_frame_equal(pool, remote)
+
+
+def test_backend_errors():
+    with pytest.raises(PlannerError) as e:
+        planner.sweep(*DASK_ARGS, backend="ray")
+    assert e.value.source == "--backend"
+    with pytest.raises(PlannerError) as e:
+        planner.sweep(*DASK_ARGS, scheduler="tcp://127.0.0.1:8786")
+    assert e.value.source == "--scheduler"
+
+
+def test_cli_keeps_finished_rows_when_a_sweep_fails(tmp_path, monkeypatch):
+    calls = []
+    real = sweep_module.run_scenario
+
+    def failing(job):
+        if len(calls) == 3:
+            raise RuntimeError("node lost")
+        calls.append(job)
+        return real(job)
+
+    monkeypatch.setattr(sweep_module, "run_scenario", failing)
+    out = tmp_path / "rows.csv"
+    r = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm,a100-80gb-sxm",
+                            "--gpus", "8,16", "--global-batch", "64", "--jobs", "1", "--csv", str(out)])
+    assert r.exit_code != 0 and "kept the 3 finished rows" in r.output
+    kept = pd.read_csv(tmp_path / "rows.csv.partial")
+    assert kept["index"].tolist() == [0, 1, 2] and kept.feasible.all() and not out.exists()
+    monkeypatch.setattr(sweep_module, "run_scenario", real)
+    r = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm,a100-80gb-sxm",
+                            "--gpus", "8,16", "--global-batch", "64", "--jobs", "1", "--csv", str(out),
+                            "--backend", "dask"])
+    assert r.exit_code == 0, r.output
+    assert len(pd.read_csv(out)) == 4 and not (tmp_path / "rows.csv.partial").exists()

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from planner.cli.app import (CONSTRAINT_OPTIONS, app, check_writable, console, err, handle_errors,
+from planner.cli.app import (CONSTRAINT_OPTIONS, app, choice, check_writable, console, err, handle_errors,
                               search_constraints)
 from planner.cli.render import add_columns
 from planner.errors import PlannerError
@@ -26,6 +26,29 @@ def split_values(values: list[str] | None, option: str) -> list[str]:
     if not out:
         raise PlannerError("needs at least one value", source=option)
     return out
+
+
+class PartialCSV:
+    """Rows written as the sweep finishes them (``index`` = the scenario's row in the final CSV, then the row's
+    fields; a header before the first), flushed each time: what a failed sweep leaves behind."""
+
+    def __init__(self, path: Path):
+        self.path, self.count, self._file, self._writer = path, 0, None, None
+
+    def write(self, index: int, row: dict) -> None:
+        import csv as csv_module
+
+        if self._file is None:
+            self._file = self.path.open("w", newline="")
+            self._writer = csv_module.DictWriter(self._file, fieldnames=["index", *row])
+            self._writer.writeheader()
+        self._writer.writerow({"index": index, **row})
+        self._file.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
 def _number(text: str, option: str, what: str) -> float:
@@ -137,6 +160,11 @@ def sweep(
                                                                  "price_per_gpu_hour_usd)"),
     train_tokens: float = typer.Option(None, "--train-tokens", help="A token budget (e.g. 15e12): adds the days "
                                                                     "and dollars to train on it"),
+    backend: str = typer.Option("process", "--backend", help="Where scenarios run: process (a local pool) or dask "
+                                                             "(dask.distributed: a local cluster of --jobs workers, "
+                                                             "or --scheduler)"),
+    scheduler: str = typer.Option(None, "--scheduler", help="With --backend dask: a running scheduler's address "
+                                                            "(tcp://host:8786)"),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
     ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
     dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
@@ -178,18 +206,36 @@ def sweep(
     total = len(models) * len(clusters) * n_variants * len(counts) * len(batches) * len(lengths)
     progress = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
+    from planner.sweep import BACKENDS
+    choice(backend, BACKENDS, "--backend")
+    if scheduler is not None and backend != "dask":
+        raise PlannerError("a scheduler address needs the dask backend", source="--scheduler", fix="add --backend dask")
+    partial = stream = None
+    if csv is not None:  # rows are kept as they finish, so a failure part-way loses none of them
+        partial = csv.with_name(csv.name + ".partial")
+        stream = PartialCSV(partial)
     with progress:
         task = progress.add_task("sweep", total=total)
-        df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
-                       max_memory_gib=max_memory_gib, launcher=launcher, precision=precision,
-                       stack=_sweep_stack(stack, launcher), processes=jobs, constraints=constraints,
-                       vary=varied or None, prices=prices, train_tokens=train_tokens,
-                       progress=lambda done, _total: progress.update(task, completed=done))
+        try:
+            df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
+                           max_memory_gib=max_memory_gib, launcher=launcher, precision=precision,
+                           stack=_sweep_stack(stack, launcher), processes=jobs, constraints=constraints,
+                           vary=varied or None, prices=prices, train_tokens=train_tokens, backend=backend,
+                           scheduler=scheduler, on_row=stream.write if stream is not None else None,
+                           progress=lambda done, _total: progress.update(task, completed=done))
+        except BaseException:
+            if stream is not None and stream.count:
+                err(f"kept the {stream.count} finished rows in {partial}")
+            raise
+        finally:
+            if stream is not None:
+                stream.close()
     if csv is not None:
         try:
             df.to_csv(csv, index=False)
         except OSError as e:
             raise PlannerError(f"cannot write: {e.strerror or e}", source=str(csv), fix="pass a writable path")
+        partial.unlink(missing_ok=True)
         err(f"wrote {len(df)} rows to {csv}")
     if not quiet:
         console().print(result_table(df))
