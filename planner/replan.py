@@ -89,12 +89,14 @@ def survivors_of(old_gpus: int, gpus_per_node: int, lost_nodes: tuple[int, ...])
 def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: int = 0,
            lost_nodes: tuple[int, ...] | None = None, add_nodes: int = 0, horizon_s: float,
            restart_s: float = 0.0, checkpoint_bytes_per_s: float | None = None, top_k: int = 2,
-           find: Any = None) -> Replan:
+           find: Any = None, global_batch: int | None = None) -> Replan:
     """Re-plan ``old`` after losing ``lose_nodes`` nodes (the last ones, or the given ``lost_nodes`` indices) and
     adding ``add_nodes``. ``find(num_gpus, constraints, top_k)`` returns the best plan (with ``top_k``
     alternatives) for a GPU count under search constraints (default: the full search at the old plan's precision).
     Candidates: the best plans on every GPU left, the best on fewer nodes (down to ``idle_nodes`` idle) where it
-    runs faster, and the old layout's degrees with only DP changed (the least state to move)."""
+    runs faster, and the old layout's degrees with only DP changed (the least state to move). ``global_batch``:
+    search the new GPUs at another global batch (the old plan's by default; a different batch changes the
+    optimization, as a batch-size ramp does)."""
     gpn = cluster.gpus_per_node
     if old.num_gpus % gpn:
         raise PlannerError(f"the plan's {old.num_gpus} GPUs are not whole nodes of {gpn}", source="plan",
@@ -119,8 +121,11 @@ def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: in
     if checkpoint_bytes_per_s is not None and not checkpoint_bytes_per_s > 0:
         raise PlannerError("must be > 0", source="--checkpoint-gb-s")
     survivors = survivors_of(old.num_gpus, gpn, lost_nodes)
+    batch = old.global_batch_size if global_batch is None else global_batch
+    if batch < 1:
+        raise PlannerError(f"must be >= 1, got {batch}", source="--global-batch")
     if find is None:
-        find = _default_finder(model, cluster, old)
+        find = _default_finder(model, cluster, old, batch)
 
     def transition(cfg: RunConfig, moved: bool = True) -> Transition:
         rs = reshard(model, old, cfg, survivors, gpn) if moved else _no_move(cfg)
@@ -195,14 +200,14 @@ def idle_nodes(nodes: int) -> int:
 IDLE_FRACTION_DENOMINATOR = 8
 
 
-def _default_finder(model: ModelSpec, cluster: Cluster, old: RunConfig):
+def _default_finder(model: ModelSpec, cluster: Cluster, old: RunConfig, global_batch: int):
     from planner.search.space import SearchSpace
 
     def find(num_gpus: int, constraints: Any, top_k: int) -> Plan:
         space = SearchSpace(precision=old.precision, recompute_modules=old.recompute_modules)
         if constraints is not None:
             space = constraints.narrow([space], "the search")[0]
-        return search_plans(model, cluster, num_gpus, old.global_batch_size, old.seq_len, top_k=top_k, space=space)
+        return search_plans(model, cluster, num_gpus, global_batch, old.seq_len, top_k=top_k, space=space)
     return find
 
 

@@ -253,3 +253,14 @@ def test_cli_replan_table_and_added_nodes(plan_file):
 def test_cli_replan_errors_name_the_option(plan_file, args, needle):
     out = RUNNER.invoke(app, ["replan", str(plan_file), *args])
     assert out.exit_code != 0 and needle in out.output and "Traceback" not in out.output
+
+
+def test_a_new_global_batch_can_use_every_gpu_left():
+    """Losing one of 64 nodes: a batch of 512 splits over 504 GPUs only into 63-stage pipelines, so the best answer
+    leaves nodes idle; at 504 sequences (a batch the user chooses to change) every GPU left runs a better plan."""
+    old = RunConfig(num_gpus=512, tp=8, global_batch_size=512, micro_batch_size=1, seq_len=SEQ, zero_stage=1)
+    same = replan(L70, H100, old, lose_nodes=1, horizon_s=24 * 3600, top_k=0)
+    new = replan(L70, H100, old, lose_nodes=1, horizon_s=24 * 3600, top_k=0, global_batch=504)
+    assert same.best.plan.config.num_gpus < 504 and same.best.plan.config.global_batch_size == 512
+    assert new.best.plan.config.num_gpus == 504 and new.best.plan.config.global_batch_size == 504
+    assert new.best.tokens_per_s > same.best.tokens_per_s

@@ -17,14 +17,14 @@ from planner.specs.model import read_json_file
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack
 
 
-def _finder(model, cluster, old, stack_name: str):
+def _finder(model, cluster, old, stack_name: str, global_batch: int):
     """find(num_gpus, constraints, top_k) under the stack (what it runs, exported to its launcher)."""
     from planner.export import plan_for_launcher
 
     stack = load_stack(stack_name)
 
     def find(num_gpus, constraints, top_k):
-        return plan_for_launcher(model, cluster, num_gpus, old.global_batch_size, old.seq_len, stack.launcher,
+        return plan_for_launcher(model, cluster, num_gpus, global_batch, old.seq_len, stack.launcher,
                                  top_k=top_k, option="--stack", precision=old.precision, stack=stack,
                                  recompute_modules=old.recompute_modules, constraints=constraints)
     return find
@@ -72,6 +72,9 @@ def replan(
                                           "readers) for optimizer state lost with the nodes; without it only the "
                                           "NICs are counted"),
     top: int = typer.Option(2, "--top", help="Runner-up plans on all GPUs to compare"),
+    global_batch: int = typer.Option(None, "--global-batch", help="Search the new GPUs at this global batch "
+                                                                  "(default: the plan's; a different batch changes "
+                                                                  "the optimization, as a batch ramp does)"),
     stack: str = typer.Option(None, "--stack", help="Training stack (default: the plan's, else "
                                                     f"{DEFAULT_STACK}; '{ANY_STACK}': everything the model knows)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table"),
@@ -114,11 +117,12 @@ def replan(
         change = (gpus - old.num_gpus) // gpn
         lose_nodes, add_nodes = max(0, -change), max(0, change)
     stack_name = stack or d.get("stack") or DEFAULT_STACK
-    find = None if stack_name == ANY_STACK else _finder(model, cluster, old, stack_name)
+    batch = old.global_batch_size if global_batch is None else global_batch
+    find = None if stack_name == ANY_STACK else _finder(model, cluster, old, stack_name, batch)
     result = run_replan(model, cluster, old, lose_nodes=lose_nodes, lost_nodes=nodes, add_nodes=add_nodes,
                         horizon_s=horizon_hours * 3600, restart_s=restart_s,
                         checkpoint_bytes_per_s=checkpoint_gb_s * GB if checkpoint_gb_s is not None else None,
-                        top_k=top, find=find)
+                        top_k=top, find=find, global_batch=batch)
     if json_out:
         typer.echo(json.dumps({**replan_dict(result), "stack": stack_name}, indent=2, sort_keys=True))
         return
