@@ -42,9 +42,9 @@ import numpy as np
 from planner.cost.step import LAYER_COSTS, Estimate, batch_costs, estimate
 from planner.cost.validity import config_problems, recompute_modules_problem
 from planner.errors import InfeasibleError, PlannerError
-from planner.search.bounds import (column_floors, column_memory_floors, group_floors, group_memory_bound, group_tables,
-                                   group_time_bound, layer_key_batch, refined_group_bounds, row_memory_bound,
-                                   row_time_bound)
+from planner.search.bounds import (column_floors, column_memory_floors, group_floors, group_memory_bound,
+                                   group_tables, group_time_bound, layer_key_batch, refined_group_bounds,
+                                   row_memory_bound, row_time_bound)
 from planner.search.partition import partition
 from planner.search.space import G, SearchSpace, Space, build_space, divisors, group_rows
 from planner.specs.config import RunConfig

@@ -180,7 +180,8 @@ class Constraints:
                                ("--schedules", self.schedules), ("--zero", self.zero), ("--recompute", self.recompute),
                                ("--dp-shard", self.dp_shard)):
             if values is not None:
-                parts.append(f"{option} {','.join('none' if v == 0 and option == '--dp-shard' else str(v) for v in values)}")
+                shown = ("none" if v == 0 and option == "--dp-shard" else str(v) for v in values)
+                parts.append(f"{option} {','.join(shown)}")
         return " ".join(parts)
 
 

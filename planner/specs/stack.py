@@ -3,8 +3,9 @@
 A stack file (``stacks/*.json``, or a path) names the launcher it exports to, the runtime options it runs with by
 default (``options``: fused attention, overlap of gradient reduction and parameter gather, TP communication overlap,
 gradient-reduction dtype) and what it can run (``runs``: pipeline schedules, ZeRO stages, context-parallel kinds,
-TP communication overlap, the ZeRO stages HSDP runs with), each with its source. ``planner estimate --stack S`` takes S's options unless a flag
-overrides one; ``planner plan --stack S`` searches exactly what S runs (``planner.export.stack_spaces``).
+TP communication overlap, the ZeRO stages HSDP runs with), each with its source. ``planner estimate --stack S``
+takes S's options unless a flag overrides one; ``planner plan --stack S`` searches exactly what S runs
+(``planner.export.stack_spaces``).
 """
 
 from __future__ import annotations
