@@ -103,7 +103,7 @@ def test_column_floors_never_exceed_a_rows_bounds_or_exact_values(case):
     mem_cols = column_memory_floors(sp, t, every, n_cols)
     rows = sp.expand(every)
     assert rows.hsdp.any()
-    col = rows.zero + 4 * rows.hsdp
+    col = rows.column
     tb = row_time_bound(sp, t, rows, pipe[rows.group], (coef[rows.group], const[rows.group]))
     mb = row_memory_bound(sp, t, rows)
     assert np.all(cols[rows.group, col] <= tb * (1 + 1e-12))

@@ -46,8 +46,9 @@ from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_
                                  model_state_bytes, zero_sharded_params)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
-from planner.search.space import REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, Rows, Space, recompute_k
-from planner.specs.config import CP_KINDS, ConfigBatch, even_layer_split
+from planner.search.space import (REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, ZERO_COLUMNS, Rows, Space, column_of,
+                                  recompute_k)
+from planner.specs.config import CP_KINDS, ZERO_STAGES, ConfigBatch, even_layer_split
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -466,10 +467,11 @@ def _variant_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTa
 def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTables, g: np.ndarray,
                  times=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per group, ZeRO stage 0..3 and HSDP variant (``Rows.hsdp``: 0 over all of DP, j the group's j-th HSDP shard
-    size), the data-parallel floors (a, C), shape (groups, 2, 4 V) with column 4 j + stage, such that
-    step >= max_k (a[k] P + C[k]) for a pipeline time P, and the optimizer step (groups, 4 V) of the larger of the
-    checked ranks; from ``planner.cost.data_parallel`` (collectives, exposure, optimizer) over the checked ranks'
-    parameters. Variants a group does not have, and HSDP with a ZeRO stage it does not run with, are +inf.
+    size), the data-parallel floors (a, C), shape (groups, 2, ``space.column_count``) at ``column_of(stage, j)``,
+    such that step >= max_k (a[k] P + C[k]) for a pipeline time P, and the optimizer step (groups, columns) of the
+    larger of the checked ranks; from ``planner.cost.data_parallel`` (collectives, exposure, optimizer) over the
+    checked ranks' parameters. Variants a group does not have, and HSDP with a ZeRO stage it does not run with,
+    are +inf.
 
     ``step.estimate`` adds each collective's exposed part, ``exposed_s(c, window) = c - h + i h`` with h = min(c,
     window) hidden under a window of the rank's compute and i = ``gpu.comm_overlap_interference``, to the pipeline
@@ -492,15 +494,15 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
     n = len(g)
     F, B, W = times if times is not None else rank_times(space, t, g)
     n_hsdp = space.hsdp_count()[g] if len(g) else np.zeros(0, dtype=np.int64)
-    V = 1 + space.hsdp_columns
-    coef, const, opt = np.ones((n, 2, 4 * V)), np.full((n, 2, 4 * V), np.inf), np.full((n, 4 * V), np.inf)
-    for j in range(V):
+    width = space.column_count
+    coef, const, opt = np.ones((n, 2, width)), np.full((n, 2, width), np.inf), np.full((n, width), np.inf)
+    for j in range(1 + space.hsdp_columns):
         has = np.flatnonzero(n_hsdp >= j) if j else np.arange(n)  # groups with a j-th HSDP shard size
         if not len(has):
             continue
         a, c, o = _variant_floors(model, cluster, space, t, g[has], j, F[has], B[has], W[has])
-        stages = list(range(4)) if j == 0 else list(space.hsdp_zero_stages)
-        cols = [4 * j + z for z in stages]
+        stages = list(ZERO_STAGES) if j == 0 else list(space.hsdp_zero_stages)
+        cols = [column_of(z, j) for z in stages]
         coef[np.ix_(has, [0, 1], cols)] = a[:, :, stages]
         const[np.ix_(has, [0, 1], cols)] = c[:, :, stages]
         opt[np.ix_(has, cols)] = o[:, stages]
@@ -509,13 +511,12 @@ def group_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTable
 
 def column_floors(space: Space, pipe_s: np.ndarray, coef: np.ndarray, const: np.ndarray,
                   opt_s: np.ndarray) -> np.ndarray:
-    """(groups, 4 V): per group and column of ``group_floors`` (ZeRO stage and HSDP variant), a pipeline floor
+    """(groups, columns): per group and column of ``group_floors`` (ZeRO stage and HSDP variant), a pipeline floor
     raised by that column's data-parallel floor, plus its optimizer step; +inf where the space has no such rows.
     A floor for every row of the column, since the floors only grow with the pipeline time."""
     floor = np.maximum(pipe_s[:, None], (coef * pipe_s[:, None, None] + const).max(axis=1)) + opt_s
     allowed = np.zeros(coef.shape[2], dtype=bool)
-    allowed[[z for z in space.zero_stages] if space.plain_rows else []] = True
-    allowed[[4 * j + z for j in range(1, coef.shape[2] // 4) for z in space.hsdp_zero_stages]] = True
+    allowed[space.columns()] = True
     return np.where(allowed, floor, np.inf)
 
 
@@ -536,7 +537,7 @@ def row_time_bound(space: Space, t: GroupTables, rows: Rows, pipe_floor: np.ndar
     if pipe_floor is not None:
         pipe = np.maximum(pipe, pipe_floor)
     if dp_floor is not None:
-        idx, col = np.arange(len(g)), rows.zero + 4 * rows.hsdp  # group_floors' column of the row's variant
+        idx, col = np.arange(len(g)), rows.column  # group_floors' column of the row's variant
         pipe = with_data_parallel_floor(pipe, dp_floor[0][idx, :, col].T, dp_floor[1][idx, :, col].T)
     return pipe + _optimizer_s(space, t, rows)
 
@@ -616,6 +617,26 @@ def _rank_chunks(space: Space, g) -> np.ndarray:
     return np.where(mirrored, 2, space.col("vpp")[g])
 
 
+def _held_activations(t: GroupTables, g, rec, rank: tuple, vpp) -> np.ndarray:
+    """A checked rank's (``_end_ranks`` tuple) activations at its peak under recomputation ``rec``: its in-flight
+    micro-batches' activations (the embedding's on the first rank) plus the workspace floor."""
+    n, nm, _, has_emb, inflight, has_head = rank
+    acts = _activation_bytes(t, g, rec, n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0)
+    return acts * inflight + _workspace_bytes(t, g, rec, has_head)
+
+
+def _least_peak(states: list[np.ndarray], acts: list[list[np.ndarray]]) -> np.ndarray:
+    """The least over recomputation modes (``acts[rank][mode]``) of the largest checked rank's states plus
+    activations (``states[rank]``)."""
+    best = np.inf
+    for mode in range(len(acts[0])):
+        peak = 0.0
+        for st, a in zip(states, acts):
+            peak = np.maximum(peak, st + a[mode])
+        best = np.minimum(best, peak)
+    return best
+
+
 def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     """Lower bound on the peak memory: the largest over the checked ranks of model states, activations and the
     workspace floor."""
@@ -623,10 +644,9 @@ def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     vpp = _rank_chunks(space, g)
     shards = shard_degrees(space, t, g, rows.hsdp)
     out = np.zeros(len(g))
-    for n, nm, extra, has_emb, inflight, has_head in _end_ranks(space, t, g):
-        acts = _activation_bytes(t, g, rec, n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0)
-        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra, shards) + acts * inflight +
-                         _workspace_bytes(t, g, rec, has_head))
+    for rank in _end_ranks(space, t, g):
+        n, nm, extra = rank[:3]
+        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra, shards) + _held_activations(t, g, rec, rank, vpp))
     return out
 
 
@@ -641,50 +661,31 @@ def group_memory_bound(space: Space, t: GroupTables, groups: np.ndarray | None =
     vpp = _rank_chunks(space, g)
     zeros = {max([z for z in space.zero_stages if z <= 2], default=None), 3 if 3 in space.zero_stages else None}
     zeros = sorted(x for x in zeros if x is not None)
-    states, acts = [], []
-    for n, nm, extra, has_emb, inflight, has_head in _end_ranks(space, t, g):
-        states.append([_states_bytes(t, g, np.int64(z), n, nm, extra) for z in zeros])
-        emb = np.where(has_emb, t.act_embedding_bytes[g], 0.0)
-        acts.append([(_activation_bytes(t, g, np.int64(code), n, nm, vpp) + emb) * inflight +
-                     _workspace_bytes(t, g, np.int64(code), has_head) for code in space.rec_codes])
+    ranks = list(_end_ranks(space, t, g))
+    acts = [[_held_activations(t, g, np.int64(code), rank, vpp) for code in space.rec_codes] for rank in ranks]
     best = np.full(n_groups, np.inf)
-    for zi in range(len(zeros)):
-        for ci in range(len(space.rec_codes)):
-            out = np.zeros(n_groups)
-            for s_rank, a_rank in zip(states, acts):
-                out = np.maximum(out, s_rank[zi] + a_rank[ci])
-            best = np.minimum(best, out)
+    for z in zeros:
+        best = np.minimum(best, _least_peak([_states_bytes(t, g, np.int64(z), *rank[:3]) for rank in ranks], acts))
     return np.where(np.isfinite(best), best, 0.0)
 
 
 def column_memory_floors(space: Space, t: GroupTables, groups: np.ndarray, columns: int) -> np.ndarray:
-    """(groups, columns): per group and column of ``group_floors`` (ZeRO stage z and HSDP variant j at 4 j + z),
-    a lower bound on the peak memory of its rows: the least over the recomputation modes (partial recomputation
-    lies between none and full) of the largest checked rank's states and activations; +inf for variants a group
-    lacks. Computed for the few groups being expanded, whose HSDP rows hold more than the plain ones."""
+    """(groups, columns): per group and column of ``group_floors`` (``space.column_of`` a ZeRO stage and an HSDP
+    variant), a lower bound on the peak memory of its rows: ``_least_peak`` of the checked ranks' states under that
+    column's sharding; +inf for columns the space or a group lacks. Computed for the groups the search screens,
+    whose HSDP rows hold more than the plain ones."""
     g = np.asarray(groups, dtype=np.int64)
     vpp = _rank_chunks(space, g)
     out = np.full((len(g), columns), np.inf)
     n_hsdp = space.hsdp_count()[g]
     ranks = list(_end_ranks(space, t, g))
-    acts = [[(_activation_bytes(t, g, np.int64(code), n, nm, vpp) + np.where(has_emb, t.act_embedding_bytes[g], 0.0))
-             * inflight + _workspace_bytes(t, g, np.int64(code), has_head) for code in space.rec_codes]
-            for n, nm, extra, has_emb, inflight, has_head in ranks]
-    wanted = set(space.zero_stages) if space.plain_rows else set()
-    wanted |= {4 * j + z for j in range(1, columns // 4) for z in space.hsdp_zero_stages}
-    for col in sorted(wanted):
-        j, z = divmod(col, 4)
+    acts = [[_held_activations(t, g, np.int64(code), rank, vpp) for code in space.rec_codes] for rank in ranks]
+    for col in space.columns():
+        j, z = divmod(col, ZERO_COLUMNS)
         has = n_hsdp >= j
         if not has.any():
             continue
         shards = shard_degrees(space, t, g, np.full(len(g), j) * has)
-        states = [_states_bytes(t, g, np.int64(z), n, nm, extra, shards) for n, nm, extra, *_ in ranks]
-        best = np.full(len(g), np.inf)
-        for ci in range(len(space.rec_codes)):
-            peak = np.zeros(len(g))
-            for st, a in zip(states, acts):
-                peak = np.maximum(peak, st + a[ci])
-            best = np.minimum(best, peak)
-        out[:, col] = np.where(has, best, np.inf)
+        states = [_states_bytes(t, g, np.int64(z), *rank[:3], shards) for rank in ranks]
+        out[:, col] = np.where(has, _least_peak(states, acts), np.inf)
     return out
-

@@ -247,7 +247,7 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
     dp_floor: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     col_floor: dict[int, np.ndarray] = {}  # per (ZeRO stage, HSDP variant) column: its rows' floor
     col_mem: dict[int, np.ndarray] = {}  # and their memory floor
-    n_cols = 4 * (1 + sp.hsdp_columns)
+    n_cols = sp.column_count
     gi, seq, skipped = 0, 0, 0
     while True:
         next_group = g_bound[order[gi]] if gi < len(order) else math.inf
@@ -300,7 +300,7 @@ def _branch_and_bound(model: ModelSpec, cluster: Cluster, sp: Space, objective: 
             # rows of a (ZeRO stage, HSDP variant) column that cannot fit, or (time) whose group-level floor is
             # above the K-th best, never enter
             at = np.repeat(np.arange(len(ids)), per_group[ids])
-            col = rows.zero + 4 * rows.hsdp
+            col = rows.column
             fits = np.stack([col_mem[g] for g in ids])[at, col] <= limit
             stats["pruned_by_memory_bound"] += len(rows) - int(fits.sum())
             col_ok = fits

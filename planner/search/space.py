@@ -348,6 +348,21 @@ class Rows:
     def take(self, mask_or_idx: np.ndarray) -> "Rows":
         return Rows(self.group[mask_or_idx], self.zero[mask_or_idx], self.rec[mask_or_idx], self.hsdp[mask_or_idx])
 
+    @property
+    def column(self) -> np.ndarray:
+        """Each row's (ZeRO stage, HSDP variant) column (``column_of``)."""
+        return column_of(self.zero, self.hsdp)
+
+
+#: ZeRO stages 0..3: the columns of one HSDP variant in the bounds' per-column tables (``column_of``)
+ZERO_COLUMNS = len(ZERO_STAGES)
+
+
+def column_of(zero, hsdp):
+    """The column of ZeRO stage ``zero`` under HSDP variant ``hsdp`` (0: over all of DP) in the tables the bounds
+    keep per (ZeRO stage, HSDP variant)."""
+    return zero + ZERO_COLUMNS * hsdp
+
 
 def recompute_k(rec: np.ndarray) -> np.ndarray:
     """Layers per stage fully recomputed by a REC_FULL_K code (0 for the other codes)."""
@@ -404,6 +419,17 @@ class Space:
         """Largest chunk of the even split (``even_layer_split``): ceil(L / (pp * vpp)), per group."""
         return -(-self.num_layers // (self.col("pp") * self.col("vpp")))
 
+    def _proper_divisors(self) -> np.ndarray:
+        """(layers + 1, layers + 1): row c lists the divisors of c below c, then zeros (computed once)."""
+        cached = self.__dict__.get("_divisor_table")
+        if cached is None:
+            cached = np.zeros((self.num_layers + 1, self.num_layers + 1), dtype=np.int64)
+            for c in range(1, self.num_layers + 1):
+                ds = divisors(c)[:-1]
+                cached[c, :len(ds)] = ds
+            object.__setattr__(self, "_divisor_table", cached)
+        return cached
+
     def equal_chunks(self) -> np.ndarray:
         """Whether each group's layers split into equal model chunks."""
         return self.num_layers % (self.col("pp") * self.col("vpp")) == 0
@@ -413,8 +439,8 @@ class Space:
         if cached is None:
             n_partial = self.max_chunk() - 1
             if self.partial_divides:
-                n_partial = np.where(self.equal_chunks(), np.array([len(divisors(int(c))) - 1 for c in
-                                                                    range(self.num_layers + 1)])[self.max_chunk()], 0)
+                n_partial = np.where(self.equal_chunks(), (self._proper_divisors() > 0).sum(axis=1)[self.max_chunk()],
+                                     0)
             if not (self.partial_recompute and REC_FULL_ALL in self.rec_codes):
                 n_partial = np.zeros_like(n_partial)
             # the MoE all-to-all overlap runs without full recomputation only (Megatron-Core's rule)
@@ -431,6 +457,17 @@ class Space:
         if self.hsdp_table is None or not self.hsdp_zero_stages:
             return 0
         return self.hsdp_table.shape[1]
+
+    @property
+    def column_count(self) -> int:
+        """Columns of the per-(ZeRO stage, HSDP variant) tables: the stages of each variant, plain ZeRO included."""
+        return ZERO_COLUMNS * (1 + self.hsdp_columns)
+
+    def columns(self) -> list[int]:
+        """The columns the space has rows in: its ZeRO stages over all of DP (unless a user fixed --dp-shard), and
+        the stages HSDP runs with under each shard size."""
+        plain = list(self.zero_stages) if self.plain_rows else []
+        return plain + [column_of(z, j) for j in range(1, 1 + self.hsdp_columns) for z in self.hsdp_zero_stages]
 
     def hsdp_sizes(self, group: np.ndarray) -> np.ndarray:
         """(len(group), S): the groups' HSDP shard sizes, valid ones first, 0 = none."""
@@ -486,11 +523,8 @@ class Space:
         nb = len(base)
         k = r - nb + 1  # full recomputation of the first k layers of each chunk, k = 1 ..
         if self.partial_divides and len(idx):  # the (r - nb + 1)-th divisor of the chunk size, below it
-            table = np.zeros((self.num_layers + 1, self.num_layers + 1), dtype=np.int64)
-            for c in range(1, self.num_layers + 1):
-                ds = divisors(c)[:-1]
-                table[c, :len(ds)] = ds
-            k = table[self.max_chunk()[idx], np.clip(r - nb, 0, self.num_layers)]
+            table = self._proper_divisors()
+            k = table[self.max_chunk()[idx], np.clip(r - nb, 0, table.shape[1] - 1)]
         rec = np.where(r < nb, base[np.minimum(r, nb - 1)], REC_FULL_K + k - 1)
         overlap = self.col("epo")[idx].astype(bool) if len(idx) else np.zeros(0, dtype=bool)
         if overlap.any():  # those groups' rows skip full recomputation: their codes are the others, in order
