@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.cost.data_parallel import expert_dp_degree
 from planner.cost.schedule import SCHEDULES
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES,
@@ -28,6 +30,15 @@ def ulysses_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
         return f"Ulysses needs the {kv_per_tp} K/V heads per TP rank to divide or be divisible by cp={cp} (fewer " \
                f"K/V heads are replicated)"
     return None
+
+
+def hsdp_splits_expert_dp(model: ModelSpec, dp, cp, ep, tp, etp, dp_shard):
+    """Whether HSDP's dp / dp_shard replicas split the expert-data-parallel group evenly (each replica keeps the
+    same expert shards); always for dense models. Numbers or arrays."""
+    if not model.is_moe:
+        return True
+    replicas = np.maximum(np.asarray(dp) // np.maximum(np.asarray(dp_shard), 1), 1)
+    return expert_dp_degree(dp, cp, ep, tp, etp) % replicas == 0
 
 
 def recompute_modules_problem(model: ModelSpec, modules: str, recompute: str = "selective") -> str | None:
@@ -143,7 +154,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
             out.append(("dp_shard", f"must divide the data-parallel degree {dp}, got {cfg.dp_shard}"))
         elif cfg.zero_stage < 1:
             out.append(("dp_shard", "HSDP shards model states with ZeRO; use --zero 1, 2 or 3, or drop --dp-shard"))
-        elif model.is_moe and (edp := int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, etp))) % (dp // cfg.dp_shard):
+        elif not hsdp_splits_expert_dp(model, dp, cfg.cp, cfg.ep, cfg.tp, etp, cfg.dp_shard):
+            edp = int(expert_dp_degree(dp, cfg.cp, cfg.ep, cfg.tp, etp))
             out.append(("dp_shard", f"the expert-data-parallel group ({edp} ranks) must split into "
                                     f"the {dp // cfg.dp_shard} replicas; use a larger --dp-shard"))
     if cfg.offload_layers:  # Megatron-Core TransformerConfig's checks of cpu_offloading

@@ -23,9 +23,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.cost.data_parallel import expert_dp_degree
 from planner.cost.schedule import SCHEDULES
-from planner.cost.validity import tp_splits_heads, ulysses_problem
+from planner.cost.validity import hsdp_splits_expert_dp, tp_splits_heads, ulysses_problem
 from planner.errors import PlannerError
 from planner.specs.config import CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
 from planner.specs.hardware import Cluster
@@ -592,9 +591,7 @@ def hsdp_shards(model: ModelSpec, cluster: Cluster, groups: np.ndarray, num_gpus
         return np.zeros((n, 0), dtype=np.int64), inv.reshape(-1)
     dp = (num_gpus // (tp * cp * pp))[:, None]
     ok = (cand >= 2) & (cand < dp) & (dp % np.maximum(cand, 1) == 0)
-    if model.is_moe:
-        edp = expert_dp_degree(dp, cp[:, None], ep[:, None], tp[:, None], etp[:, None])
-        ok &= edp % np.maximum(dp // np.maximum(cand, 1), 1) == 0
+    ok &= hsdp_splits_expert_dp(model, dp, cp[:, None], ep[:, None], tp[:, None], etp[:, None], cand)
     cand = np.where(ok, cand, 0)
     order = np.argsort(cand == 0, axis=1, kind="stable")  # valid ones first, in the given order
     return np.take_along_axis(cand, order, axis=1), inv.reshape(-1)
