@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost.data_parallel import expert_shard_degree
-from planner.cost.memory import (OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_params, expert_params_per_layer,
-                                 head_params, layer_params, mtp_params)
+from planner.cost.memory import (OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_params, end_params_on_gpu,
+                                 expert_params_per_layer, layer_params, mtp_params)
 from planner.cost.schedule import get_schedule
 from planner.cost.step import stage_layers
 from planner.specs.config import RunConfig
@@ -82,39 +82,24 @@ def state_layout(model: ModelSpec, cfg: RunConfig) -> StateLayout:
     if model.is_moe:
         moe_layer[model.first_k_dense_layers:] = True
     experts_all = expert_params_per_layer(model)
+    # the head's parameters as end_params_on_gpu counts them (the tied embedding's copy with pipeline stages), less
+    # the MTP modules' experts, which are expert units here
+    _, head = end_params_on_gpu(model, cfg.seq_len, 1, n_stages, 1, 1)
     dense_params = np.array([layer_params(model, moe=bool(m)) - (experts_all if m else 0) for m in moe_layer] +
-                            [embedding_params(model, cfg.seq_len),
-                             head_params(model) + mtp_params(model)[0] +
-                             (model.vocab_size * model.hidden_size if model.tied_embeddings and n_stages > 1 else 0)],
-                            dtype=float)
+                            [embedding_params(model, cfg.seq_len), float(head) - mtp_params(model)[1]], dtype=float)
     dense_held = holds_stage[pp_r][:, stage_of_unit]
     # ---- dense intervals: TP piece, then the ZeRO shard of the DP x CP (HSDP: shard) group
     shard_dp = cfg.zero_shard_dp
-    shards = shard_dp * cp
-    idx = (dp_r % shard_dp) * cp + cp_r
-    w_lo, w_hi = tp_r / tp, (tp_r + 1) / tp
-    if cfg.zero_stage >= 1:
-        o_lo, o_hi = w_lo + idx / (tp * shards), w_lo + (idx + 1) / (tp * shards)
-        piece = tp_r * shards + idx
-    else:
-        o_lo, o_hi, piece = w_lo, w_hi, tp_r
-    if cfg.zero_stage >= 3:
-        w_lo, w_hi = o_lo, o_hi
+    w_lo, w_hi, o_lo, o_hi, piece = _intervals(tp_r, tp, (dp_r % shard_dp) * cp + cp_r, shard_dp * cp,
+                                               cfg.zero_stage)
     # ---- experts: the MoE grid inside a stage's ranks (etp fastest, ep, expert-DP)
     etp, ep = cfg.expert_tp, cfg.ep
     local = g % (tp * cp * dp)
     etp_r, ep_r, edp_r = local % etp, (local // etp) % ep, local // (etp * ep)
     e_count = model.num_experts // ep if model.is_moe else 0
     e_shards = int(expert_shard_degree(dp, cp, ep, tp, etp, cfg.dp_replicas)) if model.is_moe else 1
-    e_idx = edp_r % e_shards
-    ew_lo, ew_hi = etp_r / etp, (etp_r + 1) / etp
-    if cfg.zero_stage >= 1:
-        eo_lo, eo_hi = ew_lo + e_idx / (etp * e_shards), ew_lo + (e_idx + 1) / (etp * e_shards)
-        e_piece = (ep_r * etp + etp_r) * e_shards + e_idx
-    else:
-        eo_lo, eo_hi, e_piece = ew_lo, ew_hi, ep_r * etp + etp_r
-    if cfg.zero_stage >= 3:
-        ew_lo, ew_hi = eo_lo, eo_hi
+    ew_lo, ew_hi, eo_lo, eo_hi, e_piece = _intervals(etp_r, etp, edp_r % e_shards, e_shards, cfg.zero_stage)
+    e_piece = ep_r * etp * (e_shards if cfg.zero_stage >= 1 else 1) + e_piece  # and the EP rank's experts
     stage_of_moe = np.where(np.append(moe_layer, bool(model.is_moe and model.mtp_layers)),
                             np.append(stage_of_layer, n_stages - 1), -1)
     moe_held = (stage_of_moe[None, :] >= 0) & holds_stage[pp_r][:, np.maximum(stage_of_moe, 0)]
@@ -125,6 +110,21 @@ def state_layout(model: ModelSpec, cfg: RunConfig) -> StateLayout:
         expert_params=experts_all / model.num_experts if model.is_moe else 0.0, e_first=ep_r * e_count,
         e_count=e_count, ew_lo=ew_lo, ew_hi=ew_hi, eo_lo=eo_lo, eo_hi=eo_hi, expert_piece=e_piece,
         stage_of_unit=stage_of_unit, stage_of_moe=stage_of_moe)
+
+
+def _intervals(tp_rank, tp, shard_rank, shards, zero_stage):
+    """A GPU's (weight lo, hi, optimizer lo, hi, optimizer piece) in a unit's [0, 1): its TP piece, split into
+    ZeRO shards from ZeRO-1 on (the optimizer states), the weights too at ZeRO-3; the piece numbers the distinct
+    optimizer-state holdings (TP piece x shard)."""
+    w_lo, w_hi = tp_rank / tp, (tp_rank + 1) / tp
+    if zero_stage >= 1:
+        o_lo, o_hi = w_lo + shard_rank / (tp * shards), w_lo + (shard_rank + 1) / (tp * shards)
+        piece = tp_rank * shards + shard_rank
+    else:
+        o_lo, o_hi, piece = w_lo, w_hi, tp_rank
+    if zero_stage >= 3:
+        w_lo, w_hi = o_lo, o_hi
+    return w_lo, w_hi, o_lo, o_hi, piece
 
 
 def _overlap(a_lo, a_hi, b_lo, b_hi):
@@ -151,6 +151,21 @@ class Reshard:
         return float(self.received_bytes.max()) if len(self.received_bytes) else 0.0
 
 
+def _missing(area_new, area_both, new, old):
+    """Parameters of (optimizer states, bf16 weights) a GPU lacks: ``area_new`` parameters of units it holds in the
+    new layout, ``area_both`` of those it held in the old one too, at the (weight lo, hi, optimizer lo, hi)
+    intervals ``new`` and ``old`` (the same for all those units). Optimizer states: the new shard less the old
+    one's overlap; weights: the new ones less those held as bf16 and those its new master shard rebuilds
+    (|w_new| - |w_new & w_old| - |o_new| + |o_new & w_old|, as o_new lies inside w_new)."""
+    w_lo, w_hi, o_lo, o_hi = new
+    ow_lo, ow_hi, oo_lo, oo_hi = old
+    o_new = o_hi - o_lo
+    opt = area_new * o_new - area_both * _overlap(o_lo, o_hi, oo_lo, oo_hi)
+    w = area_new * (w_hi - w_lo) - area_both * _overlap(w_lo, w_hi, ow_lo, ow_hi) - area_new * o_new + \
+        area_both * _overlap(o_lo, o_hi, ow_lo, ow_hi)
+    return opt, w
+
+
 def received_bytes(model: ModelSpec, a: StateLayout, b: StateLayout, old_gpus: np.ndarray) -> tuple[np.ndarray,
                                                                                                    np.ndarray]:
     """(optimizer, weight) bytes, each of shape (len(old_gpus), N_new): what new rank j receives if it runs on old
@@ -168,10 +183,8 @@ def received_bytes(model: ModelSpec, a: StateLayout, b: StateLayout, old_gpus: n
     held_old = a.dense_held[src] & ~fresh[:, None]
     area_new = (b.dense_held @ b.dense_params)[None, :]
     area_both = held_old.astype(float) @ (b.dense_held * sizes).T
-    o_new = (b.o_hi - b.o_lo)[None, :]
-    opt = area_new * o_new - area_both * _overlap(b.o_lo, b.o_hi, col(a.o_lo), col(a.o_hi))
-    w = area_new * (b.w_hi - b.w_lo) - area_both * _overlap(b.w_lo, b.w_hi, col(a.w_lo), col(a.w_hi)) - \
-        area_new * o_new + area_both * _overlap(b.o_lo, b.o_hi, col(a.w_lo), col(a.w_hi))
+    opt, w = _missing(area_new, area_both, (b.w_lo, b.w_hi, b.o_lo, b.o_hi),
+                      tuple(col(x) for x in (a.w_lo, a.w_hi, a.o_lo, a.o_hi)))
     if model.is_moe:  # per pair, the MoE layers held in both layouts times the experts in both EP ranges
         moe_old = a.moe_held[src] & ~fresh[:, None]
         layers_new = (b.moe_held @ b.moe_weight)[None, :]
@@ -179,12 +192,10 @@ def received_bytes(model: ModelSpec, a: StateLayout, b: StateLayout, old_gpus: n
         first_old = col(a.e_first.astype(float))
         common = np.maximum(0.0, np.minimum(b.e_first + b.e_count, first_old + a.e_count) -
                             np.maximum(b.e_first, first_old))
-        e_new = layers_new * b.e_count * b.expert_params
-        e_both = layers_both * common * b.expert_params
-        eo_new = (b.eo_hi - b.eo_lo)[None, :]
-        opt = opt + e_new * eo_new - e_both * _overlap(b.eo_lo, b.eo_hi, col(a.eo_lo), col(a.eo_hi))
-        w = w + e_new * (b.ew_hi - b.ew_lo) - e_both * _overlap(b.ew_lo, b.ew_hi, col(a.ew_lo), col(a.ew_hi)) - \
-            e_new * eo_new + e_both * _overlap(b.eo_lo, b.eo_hi, col(a.ew_lo), col(a.ew_hi))
+        e_opt, e_w = _missing(layers_new * b.e_count * b.expert_params, layers_both * common * b.expert_params,
+                              (b.ew_lo, b.ew_hi, b.eo_lo, b.eo_hi),
+                              tuple(col(x) for x in (a.ew_lo, a.ew_hi, a.eo_lo, a.eo_hi)))
+        opt, w = opt + e_opt, w + e_w
     return OPTIMIZER_BYTES * np.maximum(opt, 0.0), WEIGHT_BYTES * np.maximum(w, 0.0)
 
 
@@ -263,17 +274,18 @@ def lost_optimizer_bytes(model: ModelSpec, a: StateLayout, survivors: np.ndarray
     chunk's pipeline ranks holds."""
     alive = np.zeros(len(a.w_lo), dtype=bool)
     alive[np.asarray(survivors, dtype=np.int64)] = True
+
+    def lost_share(holders, piece):  # the share of a chunk's (equal) pieces no surviving holder keeps
+        pieces = np.unique(piece[holders])
+        return 1 - np.isin(pieces, piece[holders & alive]).mean()
+
     lost = 0.0
     for s in np.unique(a.stage_of_unit):
-        holders = a.dense_held[:, np.flatnonzero(a.stage_of_unit == s)[0]]
-        pieces = np.unique(a.dense_piece[holders])
-        kept = np.isin(pieces, a.dense_piece[holders & alive])
-        lost += (1 - kept.mean()) * a.dense_params[a.stage_of_unit == s].sum()
+        units = a.stage_of_unit == s
+        lost += lost_share(a.dense_held[:, np.flatnonzero(units)[0]], a.dense_piece) * a.dense_params[units].sum()
     if model.is_moe:
         for s in np.unique(a.stage_of_moe[a.stage_of_moe >= 0]):
             cols = np.flatnonzero(a.stage_of_moe == s)
-            holders = a.moe_held[:, cols[0]]
-            pieces = np.unique(a.expert_piece[holders])
-            kept = np.isin(pieces, a.expert_piece[holders & alive])
-            lost += (1 - kept.mean()) * a.moe_weight[cols].sum() * model.num_experts * a.expert_params
+            lost += lost_share(a.moe_held[:, cols[0]], a.expert_piece) * a.moe_weight[cols].sum() * \
+                model.num_experts * a.expert_params
     return OPTIMIZER_BYTES * lost
