@@ -102,6 +102,8 @@ def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: in
         raise PlannerError(f"the plan's {old.num_gpus} GPUs are not whole nodes of {gpn}", source="plan",
                            field="num_gpus", fix="re-plan a job that runs on whole nodes")
     old_nodes = old.num_gpus // gpn
+    if lose_nodes < 0:
+        raise PlannerError(f"must be >= 0, got {lose_nodes}", source="--lose-nodes")
     if lost_nodes is None:
         lost_nodes = tuple(range(old_nodes - lose_nodes, old_nodes))
     bad = [i for i in lost_nodes if not 0 <= i < old_nodes]
@@ -135,6 +137,10 @@ def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: in
 
     options: list[Option] = []
     notes: list[str] = []
+
+    def offer(label: str, plan: Plan) -> None:
+        options.append(Option(label, replace(plan, alternatives=()), transition(plan.config)))
+
     counts = [c * gpn for c in range(num_gpus // gpn, max(0, num_gpus // gpn - idle_nodes(num_gpus // gpn)), -1)]
     found: dict[int, Plan] = {}
     reasons = []
@@ -150,14 +156,12 @@ def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: in
     if num_gpus in found:
         best = found[num_gpus]
         for i, plan in enumerate((best,) + tuple(best.alternatives)):
-            options.append(Option("best" if i == 0 else f"#{i + 1}", replace(plan, alternatives=()),
-                                  transition(plan.config)))
+            offer("best" if i == 0 else f"#{i + 1}", plan)
     top = max((p.estimate.tokens_per_s for n, p in found.items() if n == num_gpus), default=0.0)
     for n, plan in found.items():  # fewer GPUs only where they run faster than all of them
         if n < num_gpus and plan.estimate.tokens_per_s > top:
             top = plan.estimate.tokens_per_s
-            options.append(Option(f"{n} GPUs ({_nodes((num_gpus - n) // gpn)} idle)", replace(plan, alternatives=()),
-                                  transition(plan.config)))
+            offer(f"{n} GPUs ({_nodes((num_gpus - n) // gpn)} idle)", plan)
     from planner.search.space import Constraints
 
     same = Constraints(tp=(old.tp,), pp=(old.pp,), cp=(old.cp,), ep=(old.ep,), vpp=(old.vpp,),
@@ -168,8 +172,7 @@ def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: in
         except (InfeasibleError, PlannerError):
             continue
         if all(o.plan.config != kept.config for o in options):
-            label = "same layout" + (f", {n} GPUs" if n < num_gpus else "")
-            options.append(Option(label, replace(kept, alternatives=()), transition(kept.config)))
+            offer("same layout" + (f", {n} GPUs" if n < num_gpus else ""), kept)
         break
     else:
         notes.append(f"the old layout's degrees (TP {old.tp}, PP {old.pp}, CP {old.cp}, EP {old.ep}, VPP "

@@ -292,7 +292,7 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
         def report(done: int, _total: int) -> None:
             return None
 
-    per_cluster = len(jobs_list) // len(cluster_list) // len(_as_list(models, "models"))
+    varied_of = {c.name: values for c, values in zip(cluster_list, varied) if values}  # variants are named uniquely
     rows: list[dict[str, Any] | None] = [None] * total
     done = 0
 
@@ -303,8 +303,7 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
         _, cluster = _resolve(scenario.model, scenario.cluster)
         if row["feasible"]:
             row.update(cost_columns(row["tokens_per_s"], row["num_gpus"], _price(cluster, prices), train_tokens))
-        for path, value in varied[(i // per_cluster) % len(cluster_list)].items():
-            row[path] = value
+        row.update(varied_of.get(cluster.name, {}))
         rows[i] = row
         done += 1
         report(done, total)

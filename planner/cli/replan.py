@@ -101,8 +101,6 @@ def replan(
     if gpus is not None and len(given) > 1:
         raise PlannerError(f"--gpus sets the new count; drop {given[0] if given[0] != '--gpus' else given[1]}",
                            source="--gpus")
-    if lose_nodes < 0:
-        raise PlannerError(f"must be >= 0, got {lose_nodes}", source="--lose-nodes")
     if lose_nodes and lost_nodes:
         raise PlannerError("give the count or the nodes, not both", source="--lost-nodes")
     nodes = None

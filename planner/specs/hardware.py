@@ -150,10 +150,15 @@ def shipped_clusters() -> list[str]:
     return sorted(p.stem for p in hardware_profiles_dir().glob("*.json"))
 
 
+def _profile_path(name_or_path: str) -> Path:
+    """The file of a shipped profile name or a profile path (``--cluster``)."""
+    return _resolve(name_or_path, hardware_profiles_dir(), "--cluster", "cluster",
+                    f"use a profile path or one of: {', '.join(shipped_clusters())}")
+
+
 def load_cluster(name_or_path: str) -> Cluster:
     """Load a shipped profile by name or a profile JSON file by path."""
-    path = _resolve(name_or_path, hardware_profiles_dir(), "--cluster", "cluster",
-                    f"use a profile path or one of: {', '.join(shipped_clusters())}")
+    path = _profile_path(name_or_path)
     return cluster_from_dict(read_json_file(path, "hardware profile"), source=str(path), default_name=path.stem)
 
 
@@ -180,8 +185,7 @@ def cluster_variant(name_or_path: str, values: dict[str, float], option: str = "
     names; the result is checked like any profile and named after the changes."""
     import copy
 
-    path = _resolve(name_or_path, hardware_profiles_dir(), "--cluster", "cluster",
-                    f"use a profile path or one of: {', '.join(shipped_clusters())}")
+    path = _profile_path(name_or_path)
     data = copy.deepcopy(read_json_file(path, "hardware profile"))
     for key, value in values.items():
         # the NIC link sits at the profile's top level; "node.inter_node..." (where one might look for it) means it
