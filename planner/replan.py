@@ -3,8 +3,8 @@ state there, and which plan processes the most tokens over the time the job has 
 
 For each candidate (the search's best plans on the new GPU count, and the old layout's degrees with only DP
 changed) the transition moves what :mod:`planner.cost.reshard` counts: every GPU receives the optimizer-state and
-weight bytes its new place needs and does not hold, over its NIC share (``cluster.inter_node``; GPUs of one node
-would be faster over NVLink, so this is the slower bound), while optimizer state whose every holder was lost is read
+weight bytes its new place needs and does not hold, over its NIC share (``comm.p2p_s`` across nodes; GPUs of one
+node would be faster over NVLink, so this is the slower bound), while optimizer state whose every holder was lost is read
 back from a checkpoint at the storage bandwidth a user gives; plus the job's restart time (an input: process
 start, NCCL set-up and checkpoint loading differ by cluster). Candidates rank by tokens processed in the remaining
 ``horizon``: throughput x (horizon - transition).
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.cost import comm
 from planner.cost.reshard import Reshard, reshard
 from planner.errors import InfeasibleError, PlannerError
 from planner.plan import Plan, search_plans
@@ -131,7 +132,7 @@ def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: in
 
     def transition(cfg: RunConfig, moved: bool = True) -> Transition:
         rs = reshard(model, old, cfg, survivors, gpn) if moved else _no_move(cfg)
-        net = rs.max_gpu_bytes / cluster.inter_node.bandwidth_bytes_per_s
+        net = float(comm.p2p_s(cluster, True, rs.max_gpu_bytes))  # the busiest GPU's bytes over its NIC
         ckpt = rs.lost_bytes / checkpoint_bytes_per_s if checkpoint_bytes_per_s and moved else 0.0
         return Transition(rs, net, ckpt, restart_s if moved else 0.0)
 
