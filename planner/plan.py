@@ -61,6 +61,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             "ep_comm_overlap": cfg.ep_comm_overlap,
             **({"offload_layers": cfg.offload_layers} if cfg.offload_layers else {}),
             **({} if cfg.fused_cross_entropy else {"fused_cross_entropy": False}),
+            **({"packed_doc_len": cfg.packed_doc_len} if cfg.packed_doc_len else {}),
         },
     }
 

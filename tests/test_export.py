@@ -42,6 +42,8 @@ MEGATRON_FLAGS = {
     "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16", "--fp16",
     "--fp8-format", "--fp8-recipe", "--grad-reduce-in-bf16", "--ckpt-format", "--cross-entropy-loss-fusion",
     "--cpu-offloading-num-layers",
+    # ModelParallelConfig / TransformerConfig fields arguments.py turns into flags (ArgumentGroupFactory): hybrid CP
+    "--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "--calculate-per-token-loss", "--dataloader-type",
 }
 TORCHTITAN_KEYS = {
     "training": {"local_batch_size", "global_batch_size", "seq_len"},
@@ -107,7 +109,6 @@ def config_only_plan(model: str = "llama-3.1-70b", **cfg) -> dict:
 def check_torchtitan03(plan: dict) -> dict:
     """The ``ParallelismConfig`` keywords of a torchtitan-0.3 export (parsed from its source; torchtitan 0.3 itself
     reads it in conformance_tt03/), checked against the plan's degrees and layers."""
-    import ast
     tree = ast.parse(emit(plan, "torchtitan-0.3"))
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "ParallelismConfig"]
     par = {k.arg: ast.literal_eval(k.value) for k in calls[0].keywords}

@@ -3,7 +3,6 @@ it re-runs in backward, and that the CLI, the search, the plan JSON and the expo
 
 import json
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 

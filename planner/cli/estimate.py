@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from planner.cli.app import app, choice, console, err, handle_errors
+from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
+                                 print_length_tables)
 from planner.cli.render import model_label, print_estimate
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
@@ -106,6 +108,8 @@ def estimate(
                                                                    "pp 1, no recompute)"),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit 1 when the configuration does not fit in "
                                                                   "memory (the estimate is still printed)"),
+    seq_len_dist: str = SEQ_LEN_DIST, packing: bool = PACKING, dynamic_cp: bool = DYNAMIC_CP,
+    max_seqlen_per_rank: int = MAX_SEQLEN_PER_RANK,
 ) -> None:
     """Estimate step time, throughput, MFU and per-stage memory of one configuration (DP = gpus / (tp*pp*cp))."""
     choice(recompute, RECOMPUTE_MODES, "--recompute")
@@ -120,6 +124,7 @@ def estimate(
     choice(precision, PRECISIONS, "--precision")
     if grad_reduce_dtype is not None:
         choice(grad_reduce_dtype, tuple(GRAD_REDUCE_DTYPES), "--grad-reduce-dtype")
+    dist = check_length_options(seq_len_dist, packing, dynamic_cp, max_seqlen_per_rank)
     split = parse_layers_per_stage(layers_per_stage) if layers_per_stage is not None else None
     modules = parse_recompute_modules(recompute_modules)
     run_stack = load_stack(stack)
@@ -135,15 +140,29 @@ def estimate(
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))
     est = estimate_config(spec, hw, cfg)
+    data = None
+    if dist is not None:
+        from planner.cli.render import layout_label
+        from planner.cost.variable_length import dynamic_cp as dynamic_estimate, length_aware_estimate
+        from planner.lengths_plan import data_section
+
+        aware = length_aware_estimate(spec, hw, cfg, dist, packing)
+        dyn = (cfg, dynamic_estimate(spec, hw, cfg, dist, max_seqlen_per_rank)) if dynamic_cp else None
+        data = data_section(dist, packing, aware, dyn, layout_label)
+        est = aware.estimate
+        if packing:
+            cfg = cfg.with_(packed_doc_len=aware.packed_doc_len)
     accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe).to_dict()
     for warning in request_warnings(spec, cfg):
         err(f"warning: {warning}")
     if json_out:
-        typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name, "accuracy": accuracy}),
-                   nl=False)
+        typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name, "accuracy": accuracy,
+                          **({"data": data} if data is not None else {})}), nl=False)
     else:
         print_estimate(console(), est, cfg, f"{model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), "
                                             f"stack {run_stack.name}", accuracy)
+        if data is not None:
+            print_length_tables(console(), data)
     if require_fit and not est.fits:
         err(f"error: --require-fit: does not fit: peak {est.peak_memory_gib:.1f} GiB per GPU of "
             f"{est.memory_limit_bytes / 2**30:.1f} GiB usable (try more recomputation, ZeRO or more GPUs)")

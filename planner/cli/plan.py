@@ -11,6 +11,8 @@ from rich.table import Table
 from planner.cli.app import CONSTRAINT_OPTIONS, app, choice, console, err, handle_errors, search_constraints
 from planner.cli.render import add_columns, layout_label, model_label, print_estimate, recipe_label
 from planner.cli.estimate import parse_recompute_modules
+from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
+                                 print_length_tables)
 from planner.errors import PlannerError
 from planner.plan import Plan, dumps, request_warnings, search_plans
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, PRECISIONS
@@ -143,6 +145,8 @@ def plan(
     dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
     micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
     zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
+    seq_len_dist: str = SEQ_LEN_DIST, packing: bool = PACKING, dynamic_cp: bool = DYNAMIC_CP,
+    max_seqlen_per_rank: int = MAX_SEQLEN_PER_RANK,
 ) -> None:
     """Find the fastest (or smallest) configuration: every valid TP, PP, DP, CP, EP, virtual stages, micro-batch,
     schedule, recomputation, SP and ZeRO stage, searched exhaustively with provable pruning."""
@@ -154,6 +158,7 @@ def plan(
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
     modules = parse_recompute_modules(recompute_modules)
+    dist = check_length_options(seq_len_dist, packing, dynamic_cp, max_seqlen_per_rank)
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
                                      dp_shard)
     if emit is not None:
@@ -164,34 +169,58 @@ def plan(
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
     hw = load_cluster(cluster)
-    if emit is not None or run_stack is not None:  # search only what the stack / launcher runs
-        from planner.export import plan_for_launcher
+    packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
 
-        target = emit or run_stack.launcher
-        result = plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
-                                   max_memory_gib=max_memory_gib, refine_partition=not no_partition,
-                                   option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
-                                   recompute_modules=modules, constraints=constraints)
-    else:
+    def run_search(cons):
+        if emit is not None or run_stack is not None:  # search only what the stack / launcher runs
+            from planner.export import plan_for_launcher
+
+            target = emit or run_stack.launcher
+            return plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
+                                     max_memory_gib=max_memory_gib, refine_partition=not no_partition,
+                                     option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
+                                     recompute_modules=modules, constraints=cons, packed_doc_len=packed)
         from planner.search.space import SearchSpace
 
-        space = SearchSpace(precision=precision, recompute_modules=modules)
-        if constraints is not None:
-            space = constraints.narrow([space], "the search")[0]
-        result = search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
-                              max_memory_gib=max_memory_gib, refine_partition=not no_partition, space=space)
+        space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed)
+        if cons is not None:
+            space = cons.narrow([space], "the search")[0]
+        return search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
+                            max_memory_gib=max_memory_gib, refine_partition=not no_partition, space=space)
+
+    result = run_search(constraints)
+    data = None
+    emitted = None  # the plan dict --emit writes, when it is not the search's best (dynamic CP won)
+    if dist is not None:
+        from planner.lengths_plan import best_dynamic, data_section, dynamic_constraints, rerank
+
+        result, aware = rerank(spec, hw, result, dist, packing)
+        dyn = None
+        if dynamic_cp:
+            dyn = best_dynamic(spec, hw, run_search(dynamic_constraints(constraints)), dist, max_seqlen_per_rank)
+        data = data_section(dist, packing, aware[0], dyn, layout_label)
+        if dyn is not None and emit is not None and data["dynamic_cp"]["gain_over_best_static"] > 1:
+            from planner.cost.variable_length import packed_estimate
+            from planner.plan import plan_dict
+
+            cfg_dyn = dyn[0]
+            static_dyn = packed_estimate(spec, hw, cfg_dyn, dist, check=False)
+            data["dynamic_cp"]["exported"] = True
+            emitted = {**plan_dict(spec, hw.name, cfg_dyn, static_dyn.estimate), "data": data}
     for warning in request_warnings(spec, result.config):
         err(f"warning: {warning}")
     if emit is not None:
         from planner.cli.export import write_export
 
-        write_export(result.to_dict(), emit, out, source="plan", option="--emit")
+        write_export(emitted or {**result.to_dict(), **({"data": data} if data is not None else {})}, emit, out,
+                     source="plan", option="--emit")
     accuracy = band_for(hw.gpu.name, precision, spec.is_moe).to_dict()
     margin = runner_up_margin(result)
     if margin is not None:
         accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]
     if json_out:
-        typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name, "accuracy": accuracy}), nl=False)
+        typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name, "accuracy": accuracy,
+                          **({"data": data} if data is not None else {})}), nl=False)
         return
     if emit is not None and out is None:
         return  # the launcher config went to stdout
@@ -199,6 +228,8 @@ def plan(
     print_plan(console(), result, objective,
                f"Best plan: {model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), global batch {global_batch}, "
                f"sequence {seq_len}{limit}, stack {stack_name}", accuracy)
+    if data is not None:
+        print_length_tables(console(), data)
 
 
 __all__ = ["plan", "plans_table", "why_best"]

@@ -21,6 +21,7 @@ TIME_LABELS = {
     "pp_comm_s": "PP comm (exposed)",
     "offload_s": "activation offload (exposed)",
     "dp_comm_s": "DP comm (exposed)",
+    "dp_imbalance_s": "DP wait for heaviest packed data",
     "optimizer_s": "optimizer step",
 }
 

@@ -115,8 +115,10 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     s_kv = cfg.seq_len  # each query attends to the whole (causal) sequence, whatever the CP split
     # QK^T (2 T s q) and scores x V (2 T s out): 4 T s q_dim for standard attention; MLA's value head is narrower
     core_flops = 2.0 * T * s_kv * (model.attn_q_dim + model.attn_out_dim) / t
-    ops.append(Op("attention_core", "attention", flops=np.where(flash, core_flops * attended_fraction(model,
-                                                                                                       s_kv), 0.0),
+    # a fused kernel attends within each packed document (:func:`attended_keys`); the unfused path masks the square
+    keys = attended_keys(cfg)
+    flash_flops = core_flops * (keys / s_kv) * attended_fraction(model, keys)
+    ops.append(Op("attention_core", "attention", flops=np.where(flash, flash_flops, 0.0),
                   bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
     # head size d ~ 100 they are thin, so the roofline's memory side matters
@@ -181,6 +183,15 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
             ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * T * elems, bwd_ratio=2.0, weight_grad_fraction=0.0,
                           recompute_module=module))
     return ops
+
+
+def attended_keys(cfg: Config):
+    """Length of the causal square a fused attention kernel computes per query, on average: the sequence, or with
+    packed variable-length documents (``packed_doc_len``, per-document masking via Transformer Engine's THD
+    format / flash-attention's varlen kernels) the token-weighted mean document length, at most the sequence."""
+    s = np.asarray(cfg.seq_len, dtype=float)
+    packed = np.asarray(cfg.packed_doc_len, dtype=float)
+    return np.where(packed > 0, np.minimum(packed, s), s)
 
 
 def attended_fraction(model: ModelSpec, seq_len):
@@ -332,12 +343,15 @@ def linear_gemm_fwd_s(ops: list[Op], gpu: GPU):
 # Model FLOPs (for MFU) — closed forms from the papers
 # ---------------------------------------------------------------------------------------------------------------
 @lru_cache(maxsize=4096)
-def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, causal_half: bool = False) -> float:
+def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, causal_half: bool = False,
+                         keys: float | None = None) -> float:
     """Model FLOPs of one training step (forward + backward, no recomputation).
 
     For a GPT model this is Korthikanti et al. 2022, App. A, Eq. 7: 72 B L s h^2 (1 + s/(6h) + V/(12 h L));
     the general form counts each GEMM of the layer (GQA, gated MLP, MoE active experts) at 3 x 2mkn.
     ``causal_half`` counts only the unmasked half of the attention scores (the convention some reports use).
+    ``keys``: the square's side per query when it is not the sequence (packed documents: :func:`attended_keys`,
+    each document's own square).
     """
     h, s, B = model.hidden_size, seq_len, global_batch
     tokens = B * s
@@ -353,7 +367,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
         moe_mlp += 2 * h * model.num_experts
     per_token_layers = (model.num_layers - model.num_moe_layers) * (attn_proj + dense_mlp) + \
         model.num_moe_layers * (attn_proj + moe_mlp)
-    attn_core = 2 * s * (model.attn_q_dim + model.attn_out_dim) * model.num_layers * (0.5 if causal_half else 1.0)
+    attn_core = 2 * (s if keys is None else keys) * (model.attn_q_dim + model.attn_out_dim) * model.num_layers * (0.5 if causal_half else 1.0)
     head = 2 * h * model.vocab_size
     return 3.0 * tokens * (per_token_layers + attn_core + head)
 

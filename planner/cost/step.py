@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import (ACT_BYTES, Config, attention_core_s, embedding_ops, head_ops, layer_ops,
+from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, embedding_ops, head_ops, layer_ops,
                                   linear_gemm_fwd_s, model_flops_per_step, mtp_projection_ops, pass_times,
                                   recomputed)
 from planner.cost.context_parallel import cp_layer_cost
@@ -323,14 +323,15 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
 
 
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
-               epo, fused_ce=True) -> tuple:
+               epo, fused_ce=True, packed_doc_len=0.0) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
     schedule, layer and recompute splits, DP options, the DP placement and the pipeline link -- none of which a
     layer's kernels, activations or TP / CP / EP communication read."""
     return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
-            precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce))
+            precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce),
+            float(packed_doc_len))
 
 
 class LayerCostCache:
@@ -366,7 +367,7 @@ class LayerCostCache:
         return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
                           cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
                           cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
-                          cfg.fused_cross_entropy)
+                          cfg.fused_cross_entropy, cfg.packed_doc_len)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         return self._get(model, cluster, self._key(cfg) + (moe,),
@@ -591,7 +592,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         for r, (row, act, ws) in enumerate(zip(stage_rows, act_per_mb.tolist(), workspace.tolist())))
 
     step = pipe_s + dp_exposed + opt_s
-    mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len)
+    mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len,
+                                  keys=float(attended_keys(cfg)) if cfg.packed_doc_len else None)
     hflops = mflops + float(recompute_flops_per_mb.sum()) * passes * dp * cfg.tp * cfg.cp
     n = cfg.num_gpus
     limit = gpu.usable_memory_bytes

@@ -44,6 +44,12 @@ def target_module(target: str, option: str = "--to"):
 
 def export(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to") -> Export:
     mod = target_module(target, option)
+    from planner.export._common import read_plan, unsupported
+
+    if target != "megatron" and read_plan(plan, source).hybrid_cp_max_per_rank is not None:
+        raise unsupported(target, "Megatron-Core's hybrid (dynamic) context parallelism (--hybrid-context-parallel; "
+                                  "the planner writes it for Megatron-LM only)",
+                          "export to megatron, or plan without --dynamic-cp")
     text = mod.render(plan, source)
     return Export(target=target, text=text, notes=tuple(mod.notes(plan, source)), suffix=_TARGETS[target][1])
 

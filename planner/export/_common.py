@@ -27,6 +27,10 @@ class PlanView:
     cluster_name: str
     layers_per_stage: tuple[int, ...]
     estimate: dict[str, Any]
+    #: Megatron-Core hybrid (dynamic) context parallelism chosen by ``planner plan --dynamic-cp``: the tokens one
+    #: DP x CP rank holds (``--max-seqlen-per-dp-cp-rank``); None: static CP
+    hybrid_cp_max_per_rank: int | None = None
+    hybrid_cp_step_s: float | None = None  # its step time over the plan's length distribution
 
     @property
     def num_layers(self) -> int:
@@ -60,8 +64,18 @@ def read_plan(plan: Plan | dict[str, Any], source: str = "<plan>") -> PlanView:
         raise PlannerError(f"lists {len(layers)} stages, but pp*vpp = {cfg.num_stages}", source=source,
                            field="layers_per_stage")
     est = d.get("estimate") if isinstance(d.get("estimate"), dict) else {}
+    dyn = (d.get("data") or {}).get("dynamic_cp") if isinstance(d.get("data"), dict) else None
+    hybrid = hybrid_step = None
+    if isinstance(dyn, dict) and dyn.get("exported") is True:
+        try:
+            hybrid = int(dyn["max_seqlen_per_dp_cp_rank"])
+            hybrid_step = float(dyn["step_time_s"])
+        except (KeyError, TypeError, ValueError):
+            raise PlannerError("data.dynamic_cp lacks max_seqlen_per_dp_cp_rank or step_time_s", source=source,
+                               field="data.dynamic_cp", fix="pass a file written by `planner plan --dynamic-cp`")
     return PlanView(cfg=cfg, model=model, model_name=str(d.get("model", model.name if model else "model")),
-                    cluster_name=str(d.get("cluster", "")), layers_per_stage=layers, estimate=est)
+                    cluster_name=str(d.get("cluster", "")), layers_per_stage=layers, estimate=est,
+                    hybrid_cp_max_per_rank=hybrid, hybrid_cp_step_s=hybrid_step)
 
 
 def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
@@ -94,6 +108,9 @@ def summary_comment(view: PlanView) -> list[str]:
         lines.append(f"estimate: step {est['step_time_s']:.3f} s, {est.get('tflops_per_gpu', 0):.1f} model "
                      f"TFLOP/s per GPU, MFU {100 * est.get('mfu', 0):.1f}%, peak memory "
                      f"{est.get('peak_memory_gib', 0):.1f} of {est.get('memory_limit_gib', 0):.1f} GiB")
+    if view.hybrid_cp_step_s is not None:
+        lines.append(f"with hybrid context parallelism over the plan's length distribution: step "
+                     f"{view.hybrid_cp_step_s:.3f} s (the estimate above is static CP over the same data)")
     return lines
 
 

@@ -52,6 +52,10 @@ def check_plan(view: PlanView) -> None:
                                     f"interleaved 1F1B)",
                           "export to torchtitan, which has GPipe, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble "
                           "and DualPipeV, or plan with schedule 1f1b / interleaved-1f1b")
+    if view.hybrid_cp_max_per_rank is not None and (cfg.pp > 1 or cfg.zero_stage >= 2):
+        raise unsupported(LAUNCHER, "hybrid context parallelism with pipeline parallelism or Megatron-FSDP "
+                                    "(validate_args refuses both)", "plan with --dynamic-cp, which keeps PP 1 and "
+                                                                    "ZeRO 0-1")
     if cfg.zero_stage >= 2 and cfg.pp > 1:
         raise unsupported(LAUNCHER, f"ZeRO-{cfg.zero_stage} with pipeline parallelism (pp={cfg.pp}); Megatron "
                                     "FSDP does not combine with pipeline stages",
@@ -182,6 +186,9 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         args.append("--cross-entropy-loss-fusion")
     if cfg.offload_layers:  # arguments.py: a count > 0 turns cpu_offloading on (activations only by default)
         args += ["--cpu-offloading-num-layers", str(cfg.offload_layers)]
+    if view.hybrid_cp_max_per_rank is not None:  # validate_args: per-token loss and the single data loader
+        args += ["--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", str(view.hybrid_cp_max_per_rank),
+                 "--calculate-per-token-loss", "--dataloader-type", "single"]
     args += _model_args(view)
     args += PRECISION_ARGS[cfg.precision]
     return args
@@ -204,6 +211,9 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
                    "model config")
     if not view.cfg.flash_attention:
         out.append("the plan assumes an unfused attention kernel (flash_attention = false)")
+    if view.hybrid_cp_max_per_rank is not None:
+        out.append("hybrid context parallelism schedules each sample of the global batch on its own CP group: give "
+                   "it variable-length samples (e.g. --sft-sequence-packing), not fixed-length ones")
     return out
 
 

@@ -256,7 +256,8 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
                                     precision=space.precision, expert_tp=x,
                                     recompute_modules=space.recompute_modules,
-                                    ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True)
+                                    ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
+                                    packed_doc_len=space.packed_doc_len)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

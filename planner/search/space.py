@@ -72,6 +72,9 @@ class SearchSpace:
     precision: str = "bf16"
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
+    #: packed variable-length documents: their token-weighted mean length (config.RunConfig.packed_doc_len; the
+    #: data's, not searched); 0 = one document per sequence
+    packed_doc_len: float = 0.0
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
     max_pp: int | None = None
@@ -383,6 +386,7 @@ class Space:
     partial_recompute: bool
     precision: str = "bf16"
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
+    packed_doc_len: float = 0.0
     #: HSDP shard sizes (``hsdp_shards``): per distinct (TP, CP, PP, EP, expert TP) a row of S sizes in DP
     #: ranks, the valid ones first, 0 = none (``hsdp_table``), and each group's row of it (``hsdp_key``)
     hsdp_table: np.ndarray | None = None
@@ -542,7 +546,7 @@ class Space:
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
             schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
-            recompute_modules=self.recompute_modules,
+            recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
             **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
 
 
@@ -558,7 +562,7 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
                  global_batch=global_batch, seq_len=seq_len, zero_stages=zero_stages,
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
                  partial_divides=space.recompute_count_divides,
-                 recompute_modules=space.recompute_modules,
+                 recompute_modules=space.recompute_modules, packed_doc_len=space.packed_doc_len,
                  hsdp_table=table, hsdp_key=key,
                  hsdp_zero_stages=tuple(z for z in zero_stages if z in space.hsdp_zero_stages and z >= 1),
                  plain_rows=space.plain_zero)

@@ -107,6 +107,10 @@ class RunConfig:
     #: the loss's vocab-parallel cross-entropy fused into a few kernels (Megatron --cross-entropy-loss-fusion, on in
     #: Megatron-Bridge / NeMo recipes); False: Megatron-Core's unfused path of separate elementwise passes
     fused_cross_entropy: bool = True
+    #: packed sequences of variable-length documents with per-document attention masking (Transformer Engine's
+    #: THD format, cu_seqlens): the token-weighted mean document length E[L^2] / E[L] (``SeqLenDist.
+    #: packed_doc_len``), the keys a query attends on average; 0 = one document per sequence
+    packed_doc_len: float = 0.0
 
     # ----- derived --------------------------------------------------------------------------------------------
     @property
@@ -156,7 +160,7 @@ class RunConfig:
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
-                "ep_comm_overlap", "fused_cross_entropy")
+                "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len")
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,6 +187,7 @@ class ConfigBatch:
     recompute_modules: np.ndarray
     ep_comm_overlap: np.ndarray
     fused_cross_entropy: np.ndarray
+    packed_doc_len: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -194,7 +199,7 @@ class ConfigBatch:
         kinds = {"tp": np.int64, "cp": np.int64, "ep": np.int64, "micro_batch_size": np.int64, "seq_len": np.int64,
                  "expert_tp": np.int64,
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
-                 "fused_cross_entropy": bool}
+                 "fused_cross_entropy": bool, "packed_doc_len": float}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 
