@@ -6,11 +6,11 @@ The JSON layout is described by ``planner/schema/plan.schema.json`` and versione
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Callable
 
 from planner.cost.step import Estimate, stage_layers
-from planner.errors import PlannerError
+from planner.errors import InfeasibleError, PlannerError
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, RunConfig, canonical_recompute_modules
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec, validate_model
@@ -62,6 +62,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({"offload_layers": cfg.offload_layers} if cfg.offload_layers else {}),
             **({} if cfg.fused_cross_entropy else {"fused_cross_entropy": False}),
             **({"packed_doc_len": cfg.packed_doc_len} if cfg.packed_doc_len else {}),
+            **({"offload_modules": cfg.offload_modules} if cfg.offload_modules else {}),
         },
     }
 
@@ -171,3 +172,34 @@ def search_plans(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch
     alternatives = tuple(Plan(model, cluster.name, c.config, c.estimate) for c in res.alternatives)
     return Plan(model, cluster.name, res.best.config, res.best.estimate, alternatives=alternatives,
                 search=dict(res.stats))
+
+
+def attempt(search: Callable[[], Plan]) -> Plan | InfeasibleError:
+    """``search()``'s plan, or the InfeasibleError it raised (for :func:`best_of`)."""
+    try:
+        return search()
+    except InfeasibleError as e:
+        return e
+
+
+def best_of(results: list[Plan | InfeasibleError], top_k: int, objective: str = "time") -> Plan:
+    """The best plan of several searches over disjoint spaces (each exact within its own) and the best ``top_k``
+    runners-up of all of them; the first search's error when none found a plan. Search statistics add up."""
+    from planner.search.engine import objective_key
+
+    plans = [r for r in results if isinstance(r, Plan)]
+    if not plans:
+        raise next(r for r in results if isinstance(r, InfeasibleError))
+    every = sorted((p for plan in plans for p in (plan,) + plan.alternatives),
+                   key=lambda p: objective_key(p.estimate, objective))
+    best, rest = every[0], every[1:1 + top_k]
+    stats: dict[str, Any] = {}
+    for plan in plans:
+        for key, value in (plan.search or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("candidates_per_s",):
+                stats[key] = stats.get(key, 0) + value
+            else:
+                stats.setdefault(key, value)
+    if "candidates_per_s" in stats and stats.get("time_s"):
+        stats["candidates_per_s"] = stats["candidates"] / stats["time_s"]
+    return replace(best, alternatives=tuple(replace(p, alternatives=()) for p in rest), search=stats)

@@ -12,8 +12,9 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict, request_warnings
-from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, RECOMPUTE_MODULES,
-                                   RunConfig, canonical_recompute_modules, parse_megatron_layout)
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, OFFLOAD_MODULES, PRECISIONS, RECOMPUTE_MODES,
+                                   RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
+                                   canonical_recompute_modules, parse_megatron_layout)
 from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
 from planner.validation.bands import band_for
 
@@ -36,6 +37,15 @@ def parse_layers_per_stage(text: str) -> tuple[int, ...]:
     if any(c < 0 for c in counts):
         raise PlannerError(f"layer counts must be >= 0, got '{text}'", source="--layers-per-stage")
     return counts
+
+
+def parse_offload_modules(text: str | None) -> str:
+    """``--offload-modules core_attn,attn_proj`` in canonical form (``config.canonical_offload_modules``)."""
+    try:
+        return canonical_offload_modules(text or "")
+    except ValueError as e:
+        raise PlannerError(str(e), source="--offload-modules", fix="e.g. --offload-modules core_attn,attn_proj") \
+            from None
 
 
 def parse_recompute_modules(text: str) -> str:
@@ -108,6 +118,10 @@ def estimate(
                                                                    "pp 1, no recompute)"),
     require_fit: bool = typer.Option(False, "--require-fit", help="Exit 1 when the configuration does not fit in "
                                                                   "memory (the estimate is still printed)"),
+    offload_modules: str = typer.Option("", "--offload-modules",
+                                        help="Megatron-Core fine-grained activation offloading: module inputs every "
+                                             "layer sends to host memory (comma list of " +
+                                             ", ".join(OFFLOAD_MODULES) + "; any PP, no full recompute)"),
     seq_len_dist: str = SEQ_LEN_DIST, packing: bool = PACKING, dynamic_cp: bool = DYNAMIC_CP,
     max_seqlen_per_rank: int = MAX_SEQLEN_PER_RANK,
 ) -> None:
@@ -127,6 +141,7 @@ def estimate(
     dist = check_length_options(seq_len_dist, packing, dynamic_cp, max_seqlen_per_rank)
     split = parse_layers_per_stage(layers_per_stage) if layers_per_stage is not None else None
     modules = parse_recompute_modules(recompute_modules)
+    offload = parse_offload_modules(offload_modules)
     run_stack = load_stack(stack)
     spec = load_model(model)
     hw = load_cluster(cluster)
@@ -134,7 +149,7 @@ def estimate(
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
                     precision=precision, layers_per_stage=split, etp=etp, dp_shard=dp_shard, recompute_modules=modules,
-                    ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers,
+                    ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers, offload_modules=offload,
                     fused_cross_entropy=fused_cross_entropy)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,

@@ -10,11 +10,11 @@ from rich.table import Table
 
 from planner.cli.app import CONSTRAINT_OPTIONS, app, choice, console, err, handle_errors, search_constraints
 from planner.cli.render import add_columns, layout_label, model_label, print_estimate, recipe_label
-from planner.cli.estimate import parse_recompute_modules
+from planner.cli.estimate import parse_offload_modules, parse_recompute_modules
 from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
                                  print_length_tables)
 from planner.errors import PlannerError
-from planner.plan import Plan, dumps, request_warnings, search_plans
+from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search_plans
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, PRECISIONS
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
@@ -145,6 +145,10 @@ def plan(
     dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
     micro_batch: str = CONSTRAINT_OPTIONS["micro_batch"], schedules: str = CONSTRAINT_OPTIONS["schedules"],
     zero: str = CONSTRAINT_OPTIONS["zero"], recompute: str = CONSTRAINT_OPTIONS["recompute"],
+    offload_modules: str = typer.Option(None, "--offload-modules",
+                                        help="Also search with Megatron-Core fine-grained activation offloading of "
+                                             "these module inputs (comma list, e.g. core_attn,attn_proj; such rows "
+                                             "hold no full recomputation)"),
     seq_len_dist: str = SEQ_LEN_DIST, packing: bool = PACKING, dynamic_cp: bool = DYNAMIC_CP,
     max_seqlen_per_rank: int = MAX_SEQLEN_PER_RANK,
 ) -> None:
@@ -158,6 +162,7 @@ def plan(
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
     modules = parse_recompute_modules(recompute_modules)
+    offload = parse_offload_modules(offload_modules)
     dist = check_length_options(seq_len_dist, packing, dynamic_cp, max_seqlen_per_rank)
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
                                      dp_shard)
@@ -171,7 +176,12 @@ def plan(
     hw = load_cluster(cluster)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
 
-    def run_search(cons):
+    launcher = emit or (run_stack.launcher if run_stack is not None else None)
+    if offload and launcher not in (None, "megatron", "nemo"):
+        raise PlannerError(f"{launcher} has no fine-grained activation offloading (Megatron-Core's)",
+                           source="--offload-modules", fix="drop --offload-modules, or use --stack megatron-core")
+
+    def run_search(cons, offload_modules=""):
         if emit is not None or run_stack is not None:  # search only what the stack / launcher runs
             from planner.export import plan_for_launcher
 
@@ -179,16 +189,25 @@ def plan(
             return plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
                                      max_memory_gib=max_memory_gib, refine_partition=not no_partition,
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
-                                     recompute_modules=modules, constraints=cons, packed_doc_len=packed)
+                                     recompute_modules=modules, constraints=cons, packed_doc_len=packed,
+                                     offload_modules=offload_modules)
         from planner.search.space import SearchSpace
 
-        space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed)
+        space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
+                            offload_modules=offload_modules)
         if cons is not None:
             space = cons.narrow([space], "the search")[0]
         return search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
                             max_memory_gib=max_memory_gib, refine_partition=not no_partition, space=space)
 
-    result = run_search(constraints)
+    def search_all(cons):
+        """The best of the search without offloading and, with --offload-modules, with it (its rows hold no full
+        recomputation); the runners-up of both, merged."""
+        if not offload:
+            return run_search(cons)
+        return best_of([attempt(lambda: run_search(cons)), attempt(lambda: run_search(cons, offload))], top, objective)
+
+    result = search_all(constraints)
     data = None
     emitted = None  # the plan dict --emit writes, when it is not the search's best (dynamic CP won)
     if dist is not None:
@@ -197,7 +216,7 @@ def plan(
         result, aware = rerank(spec, hw, result, dist, packing)
         dyn = None
         if dynamic_cp:
-            dyn = best_dynamic(spec, hw, run_search(dynamic_constraints(constraints)), dist, max_seqlen_per_rank)
+            dyn = best_dynamic(spec, hw, search_all(dynamic_constraints(constraints)), dist, max_seqlen_per_rank)
         data = data_section(dist, packing, aware[0], dyn, layout_label)
         if dyn is not None and emit is not None and data["dynamic_cp"]["gain_over_best_static"] > 1:
             from planner.cost.variable_length import packed_estimate

@@ -72,7 +72,8 @@ def recipe_label(cfg: RunConfig) -> str:
     elif cfg.recompute == "full" and cfg.recompute_num_layers:
         rec += f" {cfg.recompute_num_layers}"
     hsdp = f" HSDP {cfg.zero_shard_dp}x{cfg.dp_replicas}" if cfg.dp_shard is not None and cfg.dp_replicas > 1 else ""
-    return f"{cfg.schedule}, {rec}, ZeRO-{cfg.zero_stage}{hsdp}"
+    offload = ", offload" if cfg.offload_modules else ""
+    return f"{cfg.schedule}, {rec}{offload}, ZeRO-{cfg.zero_stage}{hsdp}"
 
 
 def config_line(cfg: RunConfig) -> str:
@@ -88,7 +89,22 @@ def config_line(cfg: RunConfig) -> str:
         parts.append("TP overlap")
     if cfg.precision != "bf16":
         parts.append(cfg.precision)
+    if cfg.offload_modules:
+        parts.append(f"offload {cfg.offload_modules} to host")
     return ", ".join(parts)
+
+
+def offload_line(est: Estimate) -> str:
+    """Activation offloading's host traffic: per rank the bytes each micro-batch sends each way, what stays in host
+    memory, and the transfer time compute does not hide ("" without offloading)."""
+    ranks = [s for s in est.stages if s.offload_bytes > 0]
+    if not ranks:
+        return ""
+    per = "; ".join(f"rank {s.rank} {s.offload_bytes / GIB:.2f} GiB per micro-batch each way, "
+                    f"{s.host_memory_bytes / GIB:.1f} GiB held" for s in ranks[:4])
+    more = f" (and {len(ranks) - 4} more ranks)" if len(ranks) > 4 else ""
+    return (f"activation offload over the host link: {per}{more}; {est.breakdown.get('offload_s', 0.0):.3f} s per "
+            f"step not hidden by compute")
 
 
 def model_label(model, seq_len: int | None = None) -> str:
@@ -176,3 +192,5 @@ def print_estimate(console: Console, est: Estimate, cfg: RunConfig, header: str,
     console.print(time_table(est))
     console.print(stage_table(est))
     console.print(memory_table(est))
+    if offload_line(est):
+        console.print(offload_line(est))

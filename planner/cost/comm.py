@@ -160,6 +160,12 @@ def all_to_all_s(cluster: Cluster, g: GroupPlacement, msg_bytes):
     return np.where((n <= 1) | (np.asarray(msg_bytes) <= 0), 0.0, np.where(g.spans_nodes, across, inside))
 
 
+def host_copy_s(cluster: Cluster, msg_bytes):
+    """Copy of M bytes between one GPU and host memory, one direction: M / the profile's host link bandwidth (PCIe,
+    NVLink-C2C; ``host_link.bandwidth_gb_s``, nominal). Copy engines move it, so compute runs beside it."""
+    return np.asarray(msg_bytes, dtype=float) / cluster.host_link_bytes_per_s
+
+
 def p2p_s(cluster: Cluster, spans_nodes, msg_bytes):
     """Point-to-point send of M bytes over the NIC (``spans_nodes``) or the intra-node link: M / beta + alpha."""
     bw, lat = link_of(cluster, spans_nodes)

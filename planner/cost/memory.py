@@ -204,6 +204,34 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
     return np.where(mode == "full", tokens * 2 * h / sp, tokens * per_token)
 
 
+def offloaded_bytes_per_layer(model: ModelSpec, cfg: Config, moe: bool = False):
+    """Activation bytes of one layer, one micro-batch, on one GPU that Megatron-Core's fine-grained activation
+    offloading sends to host memory: the inputs of the modules in ``cfg.offload_modules``
+    (megatron/core/transformer/transformer_config.py ``offload_modules``), each the tensor
+    :func:`activation_bytes_per_layer` keeps for it: attn_norm the layer input 2h and mlp_norm the residual 2h
+    (split with SP), qkv_linear the QKV projection's saved input (the norm output, ``SAVED_INPUT_BYTES`` per
+    element, split with SP), core_attn Q, K and V, attn_proj the attention output (and its fp8 copy), split by TP;
+    in MoE layers expert_fc1 the k dispatched token copies and moe_act the routed experts' fc1 outputs. Nothing under
+    full recomputation, whose layers keep only their input (the validity rules refuse the combination)."""
+    modules = cfg.offload_modules
+    t, h = cfg.tp, model.hidden_size
+    sp = sp_degree(cfg)
+    lin = saved_linear_input_bytes(cfg.precision)
+    fp8_copy = np.where(lin < 2, lin, 0.0)
+
+    def on(name):
+        return np.where(recompute_module_on(modules, name), 1.0, 0.0)
+
+    per_token = (on("attn_norm") + on("mlp_norm")) * 2 * h / sp + on("qkv_linear") * lin * h / sp
+    per_token = per_token + on("core_attn") * 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim) / t
+    per_token = per_token + on("attn_proj") * (2 + fp8_copy) * model.attn_out_dim / t
+    if moe:
+        k = model.experts_per_token
+        per_token = per_token + on("expert_fc1") * lin * k * h * expert_tp_token_share(cfg)
+        per_token = per_token + on("moe_act") * (4 if model.gated_mlp else 2) * model.moe_ffn_hidden_size * k / t
+    return np.where(np.asarray(cfg.recompute) == "full", 0.0, cfg.tokens_per_rank * per_token)
+
+
 def korthikanti_table2(s: int, b: int, h: int, a: int, t: int, variant: str) -> float:
     """Korthikanti et al. 2022, Table 2, activation bytes per layer (16-bit), for the tests' pinning."""
     if variant == "none":

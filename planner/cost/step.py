@@ -20,6 +20,7 @@ from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
                                         expert_shard_degree, exposed_s, optimizer_step_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
+                                 offloaded_bytes_per_layer,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes, mtp_projection_activation_bytes, zero_sharded_params)
 from planner.cost.moe import ep_layer_cost
@@ -60,10 +61,18 @@ class StageEstimate:
     inflight_microbatches: float
     memory_bytes: dict[str, float]
     offload_s: float = 0.0  # activation transfers to / from host memory that compute does not hide
+    #: activation bytes per micro-batch this rank sends to host memory in forward and reloads in backward
+    #: (fine-grained offloading; PCIe / C2C traffic each way)
+    offload_bytes: float = 0.0
 
     @property
     def time_per_microbatch_s(self) -> float:
         return self.fwd_s + self.bwd_s + self.recompute_s
+
+    @property
+    def host_memory_bytes(self) -> float:
+        """Offloaded activations resident in host memory: those of every micro-batch in flight."""
+        return self.offload_bytes * self.inflight_microbatches
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -105,6 +114,7 @@ class Estimate:
                 {**{k: v for k, v in asdict(s).items() if k != "memory_bytes"},
                  "layers": list(s.layers),
                  "memory_gib": {k: v / GIB for k, v in s.memory_bytes.items()},
+                 "host_memory_gib": s.host_memory_bytes / GIB,
                  "peak_memory_gib": s.peak_memory_bytes / GIB}
                 for s in self.stages
             ]
@@ -134,17 +144,23 @@ class LayerCost:
     act_none_bytes: float | np.ndarray  # nothing recomputed
     recompute_flops: float | np.ndarray  # extra forward FLOPs on this GPU under selective recompute
     fwd_flops: float | np.ndarray
-    cp_buffer_bytes: float | np.ndarray  # transient CP receive buffers (ring K/V blocks, Ulysses all-to-all outputs)
+    #: transient buffers: CP receive buffers (ring K/V blocks, Ulysses all-to-all outputs) and the offloaded
+    #: activations in transit to and from host memory (one layer each way)
+    buffer_bytes: float | np.ndarray
+    offload_bytes: float | np.ndarray = 0.0  # activations sent to host memory in forward (and back in backward)
+    offload_fwd_s: float | np.ndarray = 0.0  # their copy to host that the layer's forward does not hide
+    offload_bwd_s: float | np.ndarray = 0.0  # their reload that the layer's backward does not hide
 
     @property
     def fwd_comm_s(self):
-        """Communication on the forward critical path: TP + CP + EP."""
-        return self.tp_fwd_s + self.cp_fwd_s + self.ep_fwd_s
+        """Communication on the forward critical path: TP + CP + EP, and exposed copies to host memory."""
+        return self.tp_fwd_s + self.cp_fwd_s + self.ep_fwd_s + self.offload_fwd_s
 
     @property
     def bwd_comm_s(self):
-        """Communication on the input-gradient critical path: TP + CP + EP (the all-to-alls mirror forward)."""
-        return self.tp_bwd_s + self.cp_bwd_s + self.ep_fwd_s
+        """Communication on the input-gradient critical path: TP + CP + EP (the all-to-alls mirror forward), and
+        exposed reloads from host memory."""
+        return self.tp_bwd_s + self.cp_bwd_s + self.ep_fwd_s + self.offload_bwd_s
 
     @property
     def fwd_total_s(self):
@@ -221,15 +237,23 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
             tp_fwd, tp_bwd = np.where(halve, tp_fwd / 2, tp_fwd), np.where(halve, tp_bwd / 2, tp_bwd)
     selective = np.asarray(cfg.recompute) == "selective"
     rec_flops = sum(o.flops * recomputed(o, cfg.recompute_modules) for o in ops)
+    # fine-grained activation offloading (Megatron-Core): the listed module inputs go to host memory as the layer's
+    # forward produces them and come back ahead of its backward, on copy engines; a layer's copy hides under the
+    # next layer's forward (its reload under the previous layer's backward), one layer in transit each way
+    off = offloaded_bytes_per_layer(model, cfg, moe)
+    copy = comm.host_copy_s(cluster, off) if cluster.host_link_bytes_per_s else np.where(off > 0, np.inf, 0.0)
+    fwd_window = pt.fwd_s + tp_fwd + cpc.fwd_exposed_s + ep_fwd
+    bwd_window = pt.bwd_input_s + pt.bwd_weight_s + tp_bwd + cpc.bwd_exposed_s + ep_fwd
     return LayerCost(
         fwd_s=pt.fwd_s, bwd_input_s=pt.bwd_input_s, bwd_weight_s=pt.bwd_weight_s,
         selective_recompute_s=pt.selective_recompute_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
         cp_fwd_s=cpc.fwd_exposed_s, cp_bwd_s=cpc.bwd_exposed_s, ep_fwd_s=ep_fwd,
-        act_bytes=activation_bytes_per_layer(model, cfg, np.where(selective, "selective", "none"), moe),
+        act_bytes=activation_bytes_per_layer(model, cfg, np.where(selective, "selective", "none"), moe) - off,
         act_full_bytes=activation_bytes_per_layer(model, cfg, "full", moe),
-        act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe),
+        act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe) - off,
         recompute_flops=np.where(selective, rec_flops, 0.0), fwd_flops=sum(o.flops for o in ops),
-        cp_buffer_bytes=cpc.buffer_bytes)
+        buffer_bytes=cpc.buffer_bytes + 2 * off, offload_bytes=off,
+        offload_fwd_s=exposed_s(copy, fwd_window, 0.0), offload_bwd_s=exposed_s(copy, bwd_window, 0.0))
 
 
 @dataclass(frozen=True)
@@ -251,18 +275,17 @@ def offload_costs(model: ModelSpec, cluster: Cluster, cfg: RunConfig, dense: Lay
     ones: dense before MoE where the model has leading dense layers."""
     k = cfg.offload_layers
     n_dense = min(k, model.first_k_dense_layers) if model.is_moe else k
-    bw = cluster.host_link_bytes_per_s
     saved = fwd = bwd = 0.0
     kept = 0.0
     for count, lc in ((n_dense, dense), (k - n_dense, moe)):
         if count <= 0:
             continue
         act = float(lc.act_bytes)
-        t = act / bw
+        t = float(comm.host_copy_s(cluster, act))
         saved += count * act
         kept = max(kept, act)
-        fwd += count * max(0.0, t - float(lc.fwd_total_s))
-        bwd += count * max(0.0, t - float(lc.bwd_input_total_s + lc.bwd_weight_s))
+        fwd += count * float(exposed_s(t, float(lc.fwd_total_s), 0.0))
+        bwd += count * float(exposed_s(t, float(lc.bwd_input_total_s + lc.bwd_weight_s), 0.0))
     return OffloadCost(saved_bytes=saved - kept, fwd_exposed_s=fwd, bwd_exposed_s=bwd)
 
 
@@ -323,7 +346,7 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
 
 
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
-               epo, fused_ce=True, packed_doc_len=0.0) -> tuple:
+               epo, fused_ce=True, packed_doc_len=0.0, offload_modules="") -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
@@ -331,7 +354,7 @@ def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, prec
     layer's kernels, activations or TP / CP / EP communication read."""
     return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
             precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce),
-            float(packed_doc_len))
+            float(packed_doc_len), offload_modules)
 
 
 class LayerCostCache:
@@ -367,7 +390,7 @@ class LayerCostCache:
         return _layer_key(cfg.tp, cfg.cp, cfg.cp_kind, cfg.ep, cfg.micro_batch_size, cfg.seq_len,
                           cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
                           cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
-                          cfg.fused_cross_entropy, cfg.packed_doc_len)
+                          cfg.fused_cross_entropy, cfg.packed_doc_len, cfg.offload_modules)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
         return self._get(model, cluster, self._key(cfg) + (moe,),
@@ -499,7 +522,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
             n_full = np.minimum(n, np.asarray(cfg.recompute_layers_per_stage, dtype=float))
     selective = cfg.recompute == "selective"
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
-                                         "ppc", "rflops", "act", "dense_params", "expert_params", "offc")}
+                                         "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb")}
     workspace_j, largest_j = np.zeros(n_stages), np.zeros(n_stages)
     full_left = n_full
     kinds = ((n - n_moe, dense, False),) + (((n_moe, moe, True),) if is_moe_model else ())
@@ -516,13 +539,15 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         q["tpc"] += (count + full_here) * lc.tp_fwd_s + count * lc.tp_bwd_s
         q["cpc"] += count * (lc.cp_fwd_s + lc.cp_bwd_s) + full_here * lc.cp_fwd_s
         q["epc"] += (2 * count + full_here) * lc.ep_fwd_s
+        q["offc"] += count * (lc.offload_fwd_s + lc.offload_bwd_s)
+        q["offb"] += count * lc.offload_bytes
         q["rflops"] += count * lc.recompute_flops + full_here * lc.fwd_flops
         kept = lc.act_bytes if cfg.recompute != "full" else lc.act_none_bytes
         q["act"] += full_here * lc.act_full_bytes + (count - full_here) * kept
         present = count > 0
         recomputing = (full_here > 0) | (selective and not cfg.flash_attention)  # the layer being recomputed
         workspace_j = np.maximum(workspace_j, np.where(present & recomputing, lc.act_none_bytes, 0.0))
-        workspace_j = np.maximum(workspace_j, np.where(present, lc.cp_buffer_bytes, 0.0))
+        workspace_j = np.maximum(workspace_j, np.where(present, lc.buffer_bytes, 0.0))
         dense_pl, expert_pl = per_layer_params[is_moe]
         q["expert_params"] += count * expert_pl
         q["dense_params"] += count * dense_pl
@@ -564,7 +589,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         rank=r, layers=tuple(layers[j] for j in chunks[r].tolist()), fwd_s=lists["fwd"][r], bwd_s=bwd_s[r],
         bwd_weight_s=lists["bwd_w"][r], recompute_s=lists["rec"][r], tp_comm_s=lists["tpc"][r],
         cp_comm_s=lists["cpc"][r], ep_comm_s=lists["epc"][r], pp_comm_s=lists["ppc"][r],
-        offload_s=lists["offc"][r], compute_s=lists["comp"][r],
+        offload_s=lists["offc"][r], offload_bytes=lists["offb"][r], compute_s=lists["comp"][r],
         recompute_compute_s=lists["rec_comp"][r], params_dense=lists["dense_params"][r],
         params_expert=lists["expert_params"][r], inflight_microbatches=inflight[r]) for r in range(p)]
 

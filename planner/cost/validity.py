@@ -170,6 +170,27 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
                                           "--recompute none"))
         elif not cluster.host_link_bytes_per_s:
             out.append(("offload_layers", f"profile {cluster.name} gives no host link (host_link.bandwidth_gb_s)"))
+    if cfg.offload_modules:  # Megatron-Core's fine-grained activation offloading
+        mods = cfg.offload_modules.split(",")
+        sel = cfg.recompute_modules.split(",") if cfg.recompute == "selective" else []
+        if cfg.offload_layers:
+            out.append(("offload_modules", "fine-grained offloading cannot run with layer offloading "
+                                           "(TransformerConfig: not with cpu_offloading); drop one"))
+        elif cfg.recompute == "full":
+            out.append(("offload_modules", "full recomputation keeps only each layer's input: offload with "
+                                           "--recompute none or selective"))
+        elif not cluster.host_link_bytes_per_s:
+            out.append(("offload_modules", f"profile {cluster.name} gives no host link (host_link.bandwidth_gb_s)"))
+        elif "attn_proj" in mods and "core_attn" not in mods:
+            out.append(("offload_modules", "attn_proj must be offloaded together with core_attn (Megatron-Core)"))
+        elif not model.is_moe and {"expert_fc1", "moe_act"} & set(mods):
+            out.append(("offload_modules", "expert_fc1 and moe_act are MoE modules; this model has no experts"))
+        elif "qkv_linear" in mods and "layernorm" in sel:
+            out.append(("offload_modules", "selective recomputation of layernorm drops the QKV input that "
+                                           "qkv_linear would offload; drop one of them"))
+        elif "core_attn" in mods and "mla_up_proj" in sel:
+            out.append(("offload_modules", "selective recomputation of mla_up_proj drops the Q, K, V that core_attn "
+                                           "would offload; drop one of them"))
     if cfg.tp_comm_overlap and cfg.tp > 1 and not cfg.sequence_parallel:
         out.append(("tp_comm_overlap", "TP communication overlap needs sequence parallelism (Megatron-Core's "
                                        "--tp-comm-overlap rule); turn sequence parallelism on or the overlap off"))

@@ -92,6 +92,9 @@ def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_
     if cfg.offload_layers:
         raise unsupported(launcher, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
                                     "cpu_offloading_num_layers)", "export to megatron / nemo")
+    if cfg.offload_modules:
+        raise unsupported(launcher, f"fine-grained activation offloading of {cfg.offload_modules} (Megatron-Core's "
+                                    "offload_modules)", "export to megatron / nemo")
     if cfg.ep_comm_overlap and not ep_comm_overlap_runs:
         raise unsupported(launcher, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
                                     "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")

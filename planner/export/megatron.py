@@ -186,6 +186,8 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         args.append("--cross-entropy-loss-fusion")
     if cfg.offload_layers:  # arguments.py: a count > 0 turns cpu_offloading on (activations only by default)
         args += ["--cpu-offloading-num-layers", str(cfg.offload_layers)]
+    if cfg.offload_modules:  # TransformerConfig.fine_grained_activation_offloading / offload_modules (a list)
+        args += ["--fine-grained-activation-offloading", "--offload-modules", *cfg.offload_modules.split(",")]
     if view.hybrid_cp_max_per_rank is not None:  # validate_args: per-token loss and the single data loader
         args += ["--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", str(view.hybrid_cp_max_per_rank),
                  "--calculate-per-token-loss", "--dataloader-type", "single"]
@@ -221,15 +223,18 @@ def environment(plan: Any, source: str = "<plan>") -> dict[str, str | None]:
     """Environment variables Megatron-LM's ``validate_args`` requires of this plan (None: must be unset):
     CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP (before Blackwell, so that the communication kernels are queued
     first), unset for Megatron FSDP ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset") and larger for the
-    MoE all-to-all overlap (its own warning: 1 or 32; 32 lets the overlap run)."""
+    MoE all-to-all overlap (its own warning: 1 or 32; 32 lets the overlap run); NVTE_CPU_OFFLOAD_V1=1 with
+    fine-grained activation offloading (asserted with Transformer Engine >= 2.10)."""
     cfg = read_plan(plan, source).cfg
+    # validate_args: fine-grained offloading with Transformer Engine >= 2.10 needs NVTE_CPU_OFFLOAD_V1=1
+    offload = {"NVTE_CPU_OFFLOAD_V1": "1"} if cfg.offload_modules else {}
     if cfg.zero_stage in FSDP_SHARDING:
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None, **offload}
     if cfg.ep_comm_overlap:
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "32", **offload}
     if cfg.tp > 1 or cfg.cp > 1:
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    return {}
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1", **offload}
+    return offload
 
 
 def render(plan: Any, source: str = "<plan>") -> str:

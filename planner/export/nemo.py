@@ -91,6 +91,9 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     out["model.cross_entropy_loss_fusion"] = cfg.fused_cross_entropy
     if cfg.offload_layers:
         out.update({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": cfg.offload_layers})
+    if cfg.offload_modules:  # TransformerConfig fields (Megatron-Core fine-grained activation offloading)
+        out.update({"model.fine_grained_activation_offloading": True,
+                    "model.offload_modules": cfg.offload_modules.split(",")})
     out["mixed_precision"] = MIXED_PRECISION[cfg.precision]
     return out
 

@@ -139,7 +139,7 @@ class GroupTables:
     act_kept_bytes: np.ndarray  # (groups, 4): per dense / MoE layer without recomputation, then with selective
     act_embedding_bytes: np.ndarray
     head_act_bytes: np.ndarray  # LM head logits of one micro-batch (memory.head_activation_bytes)
-    cp_buffer_bytes: np.ndarray  # CP communication buffers (a floor of the workspace)
+    cp_buffer_bytes: np.ndarray  # a layer's transient buffers: CP and host-offload transfers (a floor of the workspace)
     dense_params_per_layer: np.ndarray  # per dense layer on one GPU, after TP (ZeRO shards it over DP x CP)
     expert_params_per_layer: np.ndarray  # experts of an MoE layer on one GPU, after TP and EP
     moe_params_per_layer: np.ndarray  # the rest of an MoE layer on one GPU (attention, router, shared experts)
@@ -257,7 +257,7 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
                                     precision=space.precision, expert_tp=x,
                                     recompute_modules=space.recompute_modules,
                                     ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
-                                    packed_doc_len=space.packed_doc_len)
+                                    packed_doc_len=space.packed_doc_len, offload_modules=space.offload_modules)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
@@ -296,7 +296,7 @@ def _compose_tables(model: ModelSpec, dense: LayerCost, moe: LayerCost | None, e
         act["act_full"] = np.minimum(act["act_full"], lc.act_full_bytes)
         tab["act_none_" + kind_] = lc.act_none_bytes + tab["act_none_" + kind_]
         tab["act_sel_" + kind_] = lc.act_bytes + tab["act_sel_" + kind_]
-        tab["cp_buf"] = np.maximum(tab["cp_buf"], lc.cp_buffer_bytes)
+        tab["cp_buf"] = np.maximum(tab["cp_buf"], lc.buffer_bytes)
     tab["full_min"] = full_min
     tab.update(act)
     if not n_moe:

@@ -42,6 +42,24 @@ def recompute_module_on(modules, name: str):
         return np.full(modules.shape, name in str(modules.flat[0]).split(","))
     padded = np.char.add(np.char.add(",", modules), ",")
     return np.char.find(padded, f",{name},") >= 0
+#: the module inputs Megatron-Core's fine-grained activation offloading can send to host memory
+#: (TransformerConfig.offload_modules, docs/user-guide/features/fine_grained_activation_offloading.md), in forward
+#: order: the layer input (attention norm's input), the QKV projection's input, Q / K / V (the attention core's
+#: input), the attention output (the out-projection's input), the MLP norm's input, the routed experts' fc1 input
+#: and their activation's input (MoE only)
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+
+
+def canonical_offload_modules(names: str | Sequence[str]) -> str:
+    """The modules as one comma-separated string in :data:`OFFLOAD_MODULES` order; ValueError names unknown ones."""
+    items = [n.strip() for n in (names.replace(" ", ",").split(",") if isinstance(names, str) else names)]
+    items = [n for n in items if n]
+    unknown = sorted(set(items) - set(OFFLOAD_MODULES))
+    if unknown:
+        raise ValueError(f"unknown offload module(s) {', '.join(unknown)}; use any of {', '.join(OFFLOAD_MODULES)}")
+    return ",".join(m for m in OFFLOAD_MODULES if m in items)
+
+
 ZERO_STAGES = (0, 1, 2, 3)
 CP_KINDS = ("ring", "ulysses")
 #: precision of the linear layers' GEMMs (the attention core, router, LM head and softmax stay bf16 / fp32, as
@@ -111,6 +129,9 @@ class RunConfig:
     #: THD format, cu_seqlens): the token-weighted mean document length E[L^2] / E[L] (``SeqLenDist.
     #: packed_doc_len``), the keys a query attends on average; 0 = one document per sequence
     packed_doc_len: float = 0.0
+    #: Megatron-Core fine-grained activation offloading: the module inputs (:data:`OFFLOAD_MODULES`, canonical
+    #: string) every decoder layer sends to host memory in forward and reloads before its backward; "" = none
+    offload_modules: str = ""
 
     # ----- derived --------------------------------------------------------------------------------------------
     @property
@@ -160,7 +181,7 @@ class RunConfig:
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
-                "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len")
+                "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules")
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,6 +209,7 @@ class ConfigBatch:
     ep_comm_overlap: np.ndarray
     fused_cross_entropy: np.ndarray
     packed_doc_len: np.ndarray
+    offload_modules: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
