@@ -21,15 +21,21 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act")
 DEFAULT_RECOMPUTE_MODULES = "core_attn"
 
 
+def _canonical_modules(names: str | Sequence[str], allowed: tuple[str, ...], kind: str) -> str:
+    """``names`` (a comma / space separated string or a sequence) as one comma-separated string in ``allowed``
+    order; ValueError names the unknown ones."""
+    items = [n.strip() for n in (names.replace(" ", ",").split(",") if isinstance(names, str) else names)]
+    items = [n for n in items if n]
+    unknown = sorted(set(items) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {kind} module(s) {', '.join(unknown)}; use any of {', '.join(allowed)}")
+    return ",".join(m for m in allowed if m in items)
+
+
 def canonical_recompute_modules(names: str | Sequence[str]) -> str:
     """The modules as one comma-separated string in :data:`RECOMPUTE_MODULES` order (``"core_attn,layernorm"``);
     ValueError names the unknown ones."""
-    items = [n.strip() for n in (names.replace(" ", ",").split(",") if isinstance(names, str) else names)]
-    items = [n for n in items if n]
-    unknown = sorted(set(items) - set(RECOMPUTE_MODULES))
-    if unknown:
-        raise ValueError(f"unknown recompute module(s) {', '.join(unknown)}; use any of {', '.join(RECOMPUTE_MODULES)}")
-    return ",".join(m for m in RECOMPUTE_MODULES if m in items)
+    return _canonical_modules(names, RECOMPUTE_MODULES, "recompute")
 
 
 def recompute_module_on(modules, name: str):
@@ -42,6 +48,8 @@ def recompute_module_on(modules, name: str):
         return np.full(modules.shape, name in str(modules.flat[0]).split(","))
     padded = np.char.add(np.char.add(",", modules), ",")
     return np.char.find(padded, f",{name},") >= 0
+
+
 #: the module inputs Megatron-Core's fine-grained activation offloading can send to host memory
 #: (TransformerConfig.offload_modules, docs/user-guide/features/fine_grained_activation_offloading.md), in forward
 #: order: the layer input (attention norm's input), the QKV projection's input, Q / K / V (the attention core's
@@ -52,12 +60,7 @@ OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_nor
 
 def canonical_offload_modules(names: str | Sequence[str]) -> str:
     """The modules as one comma-separated string in :data:`OFFLOAD_MODULES` order; ValueError names unknown ones."""
-    items = [n.strip() for n in (names.replace(" ", ",").split(",") if isinstance(names, str) else names)]
-    items = [n for n in items if n]
-    unknown = sorted(set(items) - set(OFFLOAD_MODULES))
-    if unknown:
-        raise ValueError(f"unknown offload module(s) {', '.join(unknown)}; use any of {', '.join(OFFLOAD_MODULES)}")
-    return ",".join(m for m in OFFLOAD_MODULES if m in items)
+    return _canonical_modules(names, OFFLOAD_MODULES, "offload")
 
 
 ZERO_STAGES = (0, 1, 2, 3)
