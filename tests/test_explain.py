@@ -100,3 +100,13 @@ def test_bars_scale():
     assert bar(0.0, 10) == ""
     stacked = stacked_bar([(1.0, "red"), (1.0, "blue"), (2.0, "green")], 8.0, 16)
     assert stacked.plain == "█" * 8
+
+
+def test_every_time_component_has_a_colour():
+    """Each step-time component the tables can show (render.TIME_LABELS) has a colour in the terminal chart and
+    the HTML page (a component without one made explain fail on distribution-aware plans)."""
+    from planner.cli.explain import COLORS
+    from planner.cli.html_report import TIME_COLORS
+    from planner.cli.render import TIME_LABELS
+
+    assert set(TIME_LABELS) <= set(COLORS) and set(TIME_LABELS) <= set(TIME_COLORS)

@@ -296,3 +296,21 @@ def test_other_launchers_refuse_a_hybrid_cp_plan():
     for target in ("torchtitan", "deepspeed", "nemo"):
         with pytest.raises(PlannerError, match="hybrid"):
             emit(d, target)
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-packing"]])
+def test_explain_re_estimates_over_the_stored_distribution(tmp_path, extra):
+    """The plan JSON stores the histogram (data.seq_len_dist lengths / weights), so explain re-estimates the same
+    distribution-aware step the plan printed (no 'stored ... current' note)."""
+    plan = tmp_path / "p.json"
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "16",
+                            "--global-batch", "64", "--seq-len", "32768", "--seq-len-dist",
+                            "lognormal:mean=2048,sigma=1.2,max=32768", "--json"] + extra)
+    assert r.exit_code == 0, r.output
+    plan.write_text(r.stdout)
+    d = json.loads(r.stdout)
+    assert load_seq_len_dist("lognormal:mean=2048,sigma=1.2,max=32768").weights.tolist() == \
+        pytest.approx(d["data"]["seq_len_dist"]["weights"])
+    r = runner.invoke(app, ["explain", str(plan)])
+    assert r.exit_code == 0, r.output
+    assert "over the plan's length distribution" in r.stdout and "stored a step time" not in r.output

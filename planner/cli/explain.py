@@ -29,8 +29,8 @@ from planner.specs.model import read_json_file
 #: colours of the step-time components in the bar chart
 COLORS = {
     "compute_s": "green", "recompute_s": "yellow", "bubble_s": "red", "tp_comm_s": "cyan", "cp_comm_s": "blue",
-    "ep_comm_s": "magenta", "pp_comm_s": "bright_cyan", "dp_comm_s": "bright_blue", "optimizer_s": "white",
-    "other_s": "grey50",
+    "ep_comm_s": "magenta", "pp_comm_s": "bright_cyan", "offload_s": "bright_magenta", "dp_comm_s": "bright_blue",
+    "dp_imbalance_s": "bright_red", "optimizer_s": "white", "other_s": "grey50",
 }
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "workspace")
 MEMORY_COLORS = {"weights": "green", "gradients": "cyan", "optimizer": "blue", "activations": "yellow",
@@ -156,6 +156,14 @@ def plan_estimate(d: dict[str, Any], source: str, stored: bool) -> tuple[dict[st
             except PlannerError as e:
                 reason = f"cluster not loadable ({e.reason})"
             else:
+                data = d.get("data")
+                if isinstance(data, dict) and "seq_len_dist" in data:  # --seq-len-dist: over the distribution
+                    from planner.cost.variable_length import length_aware_estimate
+                    from planner.specs.lengths import from_description
+
+                    dist = from_description(data["seq_len_dist"], f"{source}: data.seq_len_dist")
+                    aware = length_aware_estimate(model, cluster, cfg, dist, bool(data.get("packing", True)))
+                    return aware.estimate.to_dict(with_stages=True), "re-estimated over the plan's length distribution"
                 return estimate(model, cluster, cfg).to_dict(with_stages=True), "re-estimated with the current model"
         else:
             reason = "the plan has no model_spec"

@@ -26,7 +26,7 @@ OP_NAMES = {"F": "forward", "B": "backward (input gradient and recomputation; wi
                                  "schedule does not split it off)", "W": "backward (weight gradient, split off)"}
 TIME_COLORS = {"compute_s": "#54a24b", "recompute_s": "#eeca3b", "bubble_s": "#e45756", "tp_comm_s": "#72b7b2",
                "cp_comm_s": "#4c78a8", "ep_comm_s": "#b279a2", "pp_comm_s": "#9ecae9", "offload_s": "#ff9da6",
-               "dp_comm_s": "#9d755d", "optimizer_s": "#bab0ac"}
+               "dp_comm_s": "#9d755d", "dp_imbalance_s": "#d8b5a5", "optimizer_s": "#bab0ac"}
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "workspace")
 MEMORY_COLORS = {"weights": "#54a24b", "gradients": "#72b7b2", "optimizer": "#4c78a8", "activations": "#eeca3b",
                  "workspace": "#b279a2"}

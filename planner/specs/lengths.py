@@ -85,8 +85,10 @@ class SeqLenDist:
         return float(d.weights @ d.lengths.astype(float) ** 2 / (d.weights @ d.lengths))
 
     def describe(self) -> dict:
+        """The distribution as a plan JSON stores it (``data.seq_len_dist``; :func:`from_description` reads it)."""
         return {"name": self.name, "source": self.source, "bins": int(len(self.lengths)),
-                "mean_tokens": self.mean_len, "max_tokens": self.max_len}
+                "mean_tokens": self.mean_len, "max_tokens": self.max_len,
+                "lengths": self.lengths.tolist(), "weights": self.weights.tolist()}
 
 
 def _merged(lengths, weights, name: str, source: str) -> SeqLenDist:
@@ -114,6 +116,15 @@ def from_histogram(lengths, counts, name: str = "", source: str = "", where: str
         raise PlannerError("counts must be >= 0 and not all 0", source=where, fix=FIX)
     keep = c > 0
     return _merged(L[keep].astype(np.int64), c[keep], name, source)
+
+
+def from_description(d: dict, where: str = "data.seq_len_dist") -> SeqLenDist:
+    """The distribution a plan JSON stored (:meth:`SeqLenDist.describe`)."""
+    if not isinstance(d, dict) or "lengths" not in d or "weights" not in d:
+        raise PlannerError("the plan's length distribution has no lengths and weights", source=where,
+                           fix="re-plan with --seq-len-dist")
+    return from_histogram(d["lengths"], d["weights"], name=str(d.get("name", "")), source=str(d.get("source", "")),
+                          where=where)
 
 
 def lognormal(mean_tokens: float, sigma: float, max_tokens: int, bins: int = NAMED_BINS) -> SeqLenDist:
