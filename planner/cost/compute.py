@@ -94,13 +94,13 @@ def expert_tp_token_share(cfg: Config):
     return np.where(cfg.sequence_parallel, cfg.expert_tp / np.asarray(cfg.tp), 1.0)
 
 
-def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
+def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False, window: bool | None = None) -> list[Op]:
     """Operators of one transformer layer, one micro-batch, on one GPU (after TP, CP and SP sharding).
 
     Tokens per GPU are b*s/cp; GEMM output dims are split by TP. Attention core FLOPs: 4*b*s^2*h per layer
     (QK^T and attention x V, Narayanan Eq. 3's s/(6h) term), divided by CP, times the share a flash kernel computes
     (:func:`attended_fraction`: half of a causal mask, less in sliding-window layers; an assumption stated in the
-    README).
+    README). ``window``: a sliding-window (True) or global (False) attention layer; None: the model's average.
     """
     t, cp = cfg.tp, cfg.cp
     T = cfg.tokens_per_rank  # tokens on this GPU
@@ -117,7 +117,7 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False) -> list[Op]:
     core_flops = 2.0 * T * s_kv * (model.attn_q_dim + model.attn_out_dim) / t
     # a fused kernel attends within each packed document (:func:`attended_keys`); the unfused path masks the square
     keys = attended_keys(cfg)
-    flash_flops = core_flops * (keys / s_kv) * attended_fraction(model, keys)
+    flash_flops = core_flops * (keys / s_kv) * attended_fraction(model, keys, window)
     ops.append(Op("attention_core", "attention", flops=np.where(flash, flash_flops, 0.0),
                   bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
@@ -194,13 +194,16 @@ def attended_keys(cfg: Config):
     return np.where(packed > 0, np.minimum(packed, s), s)
 
 
-def attended_fraction(model: ModelSpec, seq_len):
-    """Share of the s x s score square a flash kernel computes, averaged over the layers: half under a causal mask
-    (the masked blocks are skipped); for a sliding-window layer (window w < s) the mean number of keys a query
-    attends, w - w (w - 1) / (2 s) (the first w queries see fewer), over s. Layers and windows from the spec."""
+def attended_fraction(model: ModelSpec, seq_len, window: bool | None = None):
+    """Share of the s x s score square a flash kernel computes: half under a causal mask (the masked blocks are
+    skipped); for a sliding-window layer (window w < s) the mean number of keys a query attends, w - w (w - 1) /
+    (2 s) (the first w queries see fewer), over s. ``window`` True / False: a local / global layer; None: averaged
+    over the model's layers. Layers and windows from the spec."""
     seq_len = np.asarray(seq_len, dtype=float)
     n, w = model.sliding_window_layers, float(model.sliding_window)
-    windowed = np.where(seq_len > w, (w - w * (w - 1) / (2 * seq_len)) / seq_len, 0.5)
+    windowed = np.where(seq_len > w, (w - w * (w - 1) / (2 * seq_len)), 0.5 * seq_len) / seq_len
+    if window is not None:
+        return windowed if window and n else 0.5 + 0.0 * seq_len
     return ((model.num_layers - n) * 0.5 + n * windowed) / model.num_layers
 
 

@@ -207,12 +207,27 @@ def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: c
     return np.where(has_tp, fwd, 0.0), np.where(has_tp, bwd, 0.0)
 
 
-def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, moe: bool) -> LayerCost:
+def kind_of(model: ModelSpec, second: bool) -> tuple[bool, bool | None]:
+    """(moe, window) of the model's first (``second`` False) or second kind of decoder layer
+    (``ModelSpec.second_kind``): dense and MoE layers in a MoE model; global and sliding-window layers in a dense
+    model with ``positional_windows``; otherwise one kind, its attention the model's average."""
+    if model.positional_windows:
+        return False, bool(second)
+    return bool(second), None
+
+
+def has_second_kind(model: ModelSpec) -> bool:
+    return model.is_moe or model.positional_windows
+
+
+def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, moe: bool,
+                window: bool | None = None) -> LayerCost:
     """Costs of one dense (``moe`` False) or MoE decoder layer for one configuration or a batch of them: the kernels
     of ``compute.layer_ops``, TP communication (:func:`tp_layer_comm_s`), CP (``context_parallel.cp_layer_cost``),
-    EP (``moe.ep_layer_cost``) and the activations of ``memory.activation_bytes_per_layer``."""
+    EP (``moe.ep_layer_cost``) and the activations of ``memory.activation_bytes_per_layer``. ``window``: a
+    sliding-window (True) or global (False) attention layer, None: the model's average (:func:`kind_of`)."""
     gpu = cluster.gpu
-    ops = layer_ops(model, cfg, moe=moe)
+    ops = layer_ops(model, cfg, moe=moe, window=window)
     pt = pass_times(ops, gpu, cfg.recompute_modules)
     tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, linear_gemm_fwd_s(ops, gpu))
     # CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses (all-to-all of
@@ -272,9 +287,9 @@ def offload_costs(model: ModelSpec, cluster: Cluster, cfg: RunConfig, dense: Lay
     backward, on a side stream, one layer in flight. Device memory keeps one offloaded layer's activations (the
     one in transfer) instead of k; each transfer, bytes / host-link bandwidth, hides under the next layer's forward
     (the previous layer's backward), and what exceeds that layer's time is exposed. Offloaded layers are the first
-    ones: dense before MoE where the model has leading dense layers."""
+    ones (their kinds by position: dense before MoE where the model has leading dense layers)."""
     k = cfg.offload_layers
-    n_dense = min(k, model.first_k_dense_layers) if model.is_moe else k
+    n_dense = k - sum(model.second_kind[:k])  # the first kind among the first k layers (all of them but MoE's)
     saved = fwd = bwd = 0.0
     kept = 0.0
     for count, lc in ((n_dense, dense), (k - n_dense, moe)):
@@ -392,9 +407,12 @@ class LayerCostCache:
                           cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
                           cfg.fused_cross_entropy, cfg.packed_doc_len, cfg.offload_modules)
 
-    def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
-        return self._get(model, cluster, self._key(cfg) + (moe,),
-                         lambda: _floats(layer_costs(model, cluster, cfg, groups, moe)))
+    def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
+              second: bool) -> LayerCost:
+        """The model's first or ``second`` kind of layer (:func:`kind_of`)."""
+        moe, window = kind_of(model, second)
+        return self._get(model, cluster, self._key(cfg) + (bool(second),),
+                         lambda: _floats(layer_costs(model, cluster, cfg, groups, moe, window)))
 
     def end(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups) -> EndCost:
         block = self.layer(model, cluster, cfg, groups, model.is_moe) if model.mtp_layers else None
@@ -413,7 +431,8 @@ class LayerCostCache:
 
 @dataclass(frozen=True)
 class BatchCosts:
-    """Layer costs of a dense and (MoE models) a MoE layer, and the end costs, of every configuration of a batch."""
+    """Layer costs of the model's first and (where it has one) second kind of layer (:func:`kind_of`: dense and MoE,
+    or global and sliding-window attention), and the end costs, of every configuration of a batch."""
 
     dense: LayerCost
     moe: LayerCost | None
@@ -425,8 +444,8 @@ def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> Batch
     """:func:`layer_costs` and :func:`end_costs` of a batch in one pass, its groups placed by
     ``comm.groups_for``."""
     groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
-    dense = layer_costs(model, cluster, batch, groups, moe=False)
-    moe = layer_costs(model, cluster, batch, groups, moe=True) if model.is_moe else None
+    dense = layer_costs(model, cluster, batch, groups, *kind_of(model, False))
+    moe = layer_costs(model, cluster, batch, groups, *kind_of(model, True)) if has_second_kind(model) else None
     return BatchCosts(dense=dense, moe=moe, groups=groups,
                       ends=end_costs(model, cluster, batch, groups, moe if model.is_moe else dense))
 
@@ -435,9 +454,11 @@ def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> Batch
 LAYER_COSTS = LayerCostCache()
 
 
-def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups, moe: bool) -> LayerCost:
-    """:func:`layer_costs` of one configuration, as floats (memoized in :data:`LAYER_COSTS`)."""
-    return LAYER_COSTS.layer(model, cluster, cfg, groups, moe)
+def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
+                second: bool) -> LayerCost:
+    """:func:`layer_costs` of the model's first or ``second`` kind of layer in one configuration, as floats
+    (memoized in :data:`LAYER_COSTS`)."""
+    return LAYER_COSTS.layer(model, cluster, cfg, groups, second)
 
 
 def stage_layers(model: ModelSpec, cfg: RunConfig) -> tuple[int, ...]:
@@ -489,8 +510,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     gpu = cluster.gpu
     p, v, m, dp = cfg.pp, cfg.vpp, cfg.num_microbatches, cfg.dp
     groups = _groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep, cfg.expert_tp)
-    dense = _layer_cost(model, cluster, cfg, groups, moe=False)
-    moe = _layer_cost(model, cluster, cfg, groups, moe=True) if model.is_moe else dense
+    dense = _layer_cost(model, cluster, cfg, groups, second=False)
+    moe = _layer_cost(model, cluster, cfg, groups, second=True) if has_second_kind(model) else dense
     ends = LAYER_COSTS.end(model, cluster, cfg, groups)
     layers = stage_layers(model, cfg)
     starts = [0, *itertools.accumulate(layers)][:-1]
@@ -508,27 +529,36 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     per_layer_params, gathered, (emb_params, head_params_gpu) = _param_counts(model, cfg.tp, cfg.ep, cfg.expert_tp,
                                                                               cfg.seq_len, cfg.num_stages)
 
-    is_moe_model = model.is_moe
-    # --- each model chunk j's work per micro-batch, over all chunks at once: its dense and MoE layers, the layers
-    # fully recomputed (a chunk's dense layers first), its pipeline sends, the embedding (chunk 0), the LM head (last)
+    is_moe_model, two_kinds = model.is_moe, has_second_kind(model)
+    # --- each model chunk j's work per micro-batch, over all chunks at once: its layers of each kind (dense / MoE,
+    # or global / sliding-window attention, by position: ModelSpec.second_kind), the layers fully recomputed (a
+    # chunk's first ones), its pipeline sends, the embedding (chunk 0), the LM head (last)
     n_stages = len(layers)
     n = np.asarray(layers, dtype=float)
-    n_moe = np.maximum(0.0, n - np.maximum(0.0, model.first_k_dense_layers - np.asarray(starts, dtype=float))) \
-        if is_moe_model else np.zeros(n_stages)
+    first = np.asarray(starts, dtype=np.int64)
+    # second-kind layers before position i; a layout holding more layers than the model (the partition's probes)
+    # repeats the last layer's kind
+    kind = list(model.second_kind)
+    kind += kind[-1:] * max(0, int(sum(layers)) - len(kind))
+    second_before = np.concatenate([[0], np.cumsum(kind, dtype=np.int64)])
+
+    def second_in(count):  # second-kind layers among each chunk's first ``count`` layers
+        return (second_before[first + np.asarray(count, dtype=np.int64)] - second_before[first]).astype(float)
+
+    n_moe = second_in(layers) if two_kinds else np.zeros(n_stages)
     n_full = np.zeros(n_stages)
     if cfg.recompute == "full":
         n_full = n if cfg.recompute_num_layers is None else np.minimum(n, cfg.recompute_num_layers)
         if cfg.recompute_layers_per_stage is not None:  # AdaPipe-style depth per stage
             n_full = np.minimum(n, np.asarray(cfg.recompute_layers_per_stage, dtype=float))
+    full_second = second_in(n_full) if two_kinds else np.zeros(n_stages)
     selective = cfg.recompute == "selective"
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
                                          "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb")}
     workspace_j, largest_j = np.zeros(n_stages), np.zeros(n_stages)
-    full_left = n_full
-    kinds = ((n - n_moe, dense, False),) + (((n_moe, moe, True),) if is_moe_model else ())
-    for count, lc, is_moe in kinds:
-        full_here = np.minimum(count, full_left)
-        full_left = full_left - full_here
+    kinds = ((n - n_moe, n_full - full_second, dense, False),) + \
+        (((n_moe, full_second, moe, is_moe_model),) if two_kinds else ())
+    for count, full_here, lc, is_moe in kinds:
         sel = count * lc.selective_recompute_s if selective else 0.0
         q["fwd"] += count * lc.fwd_total_s
         q["bwd_in"] += count * lc.bwd_input_total_s

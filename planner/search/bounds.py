@@ -148,7 +148,7 @@ class GroupTables:
     head_params: np.ndarray  # on one GPU (rank p-1)
     dp_shard: np.ndarray
     expert_dp_shard: np.ndarray
-    dense_layers: int  # layers before the first MoE layer (all of them for a dense model)
+    second_kind: tuple[bool, ...]  # per layer: of the second kind (MoE / sliding window; ModelSpec.second_kind)
     optimizer_s_per_param: float  # optimizer step time per local parameter
     layer_s: np.ndarray  # (groups, 6): one dense layer's F, B, W and one MoE layer's F, B, W (incl. exposed comm)
     ends_s: np.ndarray  # (groups, 5): embedding F, embedding W (its backward), LM head F, B, W
@@ -166,7 +166,7 @@ LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "etp", "tpo", "fa", "epo")
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
     tp, cp = space.col("tp"), space.col("cp")
     pp, vpp, ep, etp = space.col("pp"), space.col("vpp"), space.col("ep"), space.col("etp")
-    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    n_moe = model.num_second_kind  # MoE layers, or sliding-window ones (ModelSpec.second_kind)
     # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
     uniq_layers, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
     keys = layer_key_batch(space, uniq_layers)
@@ -199,7 +199,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     picks = {k: np.zeros((len(uniq), n_picks)) for k in ("n", "nm", "emb", "head", "infl")}
     for u, (si, p, m, v) in enumerate(uniq.tolist()):
         sched = SCHEDULES[space.schedules[si]]
-        nd, nm, _, emb, head = _rank_layout(space.schedules[si], L, p, v, n_dense)
+        nd, nm, _, emb, head = _rank_layout(space.schedules[si], L, p, v, model.second_kind)
         infl = [sched.inflight(p, m, v, r) for r in range(p)]
         n = [a + b for a, b in zip(nd, nm)]
         ranks = (0, p - 1, max(range(p), key=lambda r: (n[r] * infl[r], -r)), max(range(p), key=lambda r: (n[r], -r)))
@@ -234,7 +234,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=emb_p, head_params=head_p,
-        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies, dense_layers=n_dense,
+        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies, second_kind=model.second_kind,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
         layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
@@ -275,7 +275,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
 
 def _compose_tables(model: ModelSpec, dense: LayerCost, moe: LayerCost | None, ends, n: int) -> dict[str, np.ndarray]:
     """``_layer_tables`` from one dense and (MoE models) one MoE layer's costs and the end costs, per key."""
-    n_dense, n_moe = model.num_layers - model.num_moe_layers, model.num_moe_layers
+    n_moe = model.num_second_kind  # MoE or sliding-window layers (step.kind_of)
+    n_dense = model.num_layers - n_moe
     costs = [(n_dense, dense)] + ([(n_moe, moe)] if n_moe else [])
     tab = {name: np.zeros(n) for name in _TABLE_NAMES}
     full_min = np.full(n, np.inf)
@@ -356,18 +357,20 @@ def _recompute_s(space: Space, t: GroupTables, g: np.ndarray, rec: np.ndarray) -
 
 
 @lru_cache(maxsize=4096)
-def _rank_layout(schedule: str, num_layers: int, p: int, v: int, dense_until: int) -> tuple[tuple[int, ...], ...]:
-    """Per rank, under the even split and the schedule's placement of model chunks on ranks: dense layers, MoE
-    layers, chunks, whether it holds the first chunk (embedding) and whether it holds the last (LM head)."""
+def _rank_layout(schedule: str, num_layers: int, p: int, v: int,
+                 second_kind: tuple[bool, ...]) -> tuple[tuple[int, ...], ...]:
+    """Per rank, under the even split and the schedule's placement of model chunks on ranks: layers of the first
+    kind (dense), of the second (MoE or sliding-window, ``ModelSpec.second_kind``), chunks, whether it holds the
+    first chunk (embedding) and whether it holds the last (LM head)."""
     sched = SCHEDULES[schedule]
     counts = even_layer_split(num_layers, p * v)
     starts = [sum(counts[:j]) for j in range(len(counts))]
     nd, nm, emb, head = [0] * p, [0] * p, [0] * p, [0] * p
     for r in range(p):
         for j in sched.stages_of(p, v, r):
-            dense = max(0, min(starts[j] + counts[j], dense_until) - starts[j])
-            nd[r] += dense
-            nm[r] += counts[j] - dense
+            second = sum(second_kind[starts[j]:starts[j] + counts[j]])
+            nd[r] += counts[j] - second
+            nm[r] += second
             emb[r] |= j == 0
             head[r] |= j == p * v - 1
     return tuple(nd), tuple(nm), (sched.chunks_per_rank(p, v),) * p, tuple(emb), tuple(head)
@@ -387,7 +390,7 @@ def rank_times(space: Space, t: GroupTables, g: np.ndarray) -> tuple[np.ndarray,
     combos, inv = np.unique(np.stack([space.col("sched")[g], p, v], axis=1), axis=0, return_inverse=True)
     layout = np.zeros((5, len(combos), p_max))
     for c, (si, pc, vc) in enumerate(combos.tolist()):
-        layout[:, c, :pc] = _rank_layout(space.schedules[si], space.num_layers, pc, vc, t.dense_layers)
+        layout[:, c, :pc] = _rank_layout(space.schedules[si], space.num_layers, pc, vc, t.second_kind)
     nd, nm, chunks, emb, head = layout[:, inv.reshape(-1)]
     fd, bd, wd, fm, bm, wm = (col[:, None] for col in t.layer_s[g].T)
     emb_f, emb_w, head_f, head_b, head_w = (col[:, None] for col in t.ends_s[g].T)

@@ -112,10 +112,15 @@ def _type_rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_re
 
 
 def _rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool) -> _Rates:
-    """Read the per-rank linear model off the cost model, for dense and (in a mixture-of-experts model) MoE
-    layers separately: the probes use the model with every layer dense, then every layer MoE."""
+    """Read the per-rank linear model off the cost model, for the model's two kinds of layer separately (dense and
+    MoE, or global and sliding-window attention): the probes use the model with every layer of one kind, then of
+    the other."""
     if model.is_moe:
         variants = [model.with_(first_k_dense_layers=model.num_layers), model.with_(first_k_dense_layers=0)]
+    elif model.positional_windows:  # every layer global, then every layer sliding-window
+        L = model.num_layers
+        variants = [model.with_(attention_pattern="G" * L, sliding_window_layers=0),
+                    model.with_(attention_pattern="L" * L, sliding_window_layers=L)]
     else:
         variants = [model]
     probed = [_type_rates(x, cluster, cfg, per_stage_recompute) for x in variants]
@@ -131,20 +136,27 @@ def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, r
                 counts: np.ndarray | None = None):
     """Per rank r, stage start a (layers before it) and layer count n (those of ``counts``, default 0..L): the least
     recomputation K that fits in memory and the rank's time t = F + B + W per micro-batch (an array [r, a, n], inf
-    where nothing fits), and a function giving (F, B, W, K) at one (r, a, n). The layers of a stage starting at a
-    are dense below ``first_k_dense_layers``, MoE above; step.py recomputes a stage's dense layers first. With
-    virtual stages a rank's chunks are not contiguous, so its layers count as the model's majority type."""
+    where nothing fits), and a function giving (F, B, W, K) at one (r, a, n). The kinds of a stage's layers follow
+    from their positions (``ModelSpec.second_kind``: dense below ``first_k_dense_layers``, MoE above; or the
+    attention pattern); step.py recomputes a stage's first layers. With virtual stages a rank's chunks are not
+    contiguous, so its layers count as a MoE model's majority type, or in proportion to the attention pattern."""
     p, L = cfg.pp, model.num_layers
     a = np.arange(L + 1, dtype=float)[:, None]
     n = (np.arange(L + 1) if counts is None else np.asarray(counts)).astype(float)[None, :]
     # dense layers of a stage of n layers starting at a: independent of a (one row, broadcast over a) unless a MoE
     # model's leading dense layers fall in it
-    if not model.is_moe:
+    second = model.num_second_kind
+    if not second:
         nd = n
-    elif cfg.vpp == 1:
-        nd = np.clip(model.first_k_dense_layers - a, 0, n)
-    else:
+    elif cfg.vpp == 1:  # by position: second-kind layers in [a, a + n)
+        before = np.concatenate([[0], np.cumsum(model.second_kind)]).astype(float)
+        ai = a.astype(np.int64)
+        end = np.minimum(ai + n.astype(np.int64), L)
+        nd = n - np.where(ai + n <= L, before[end] - before[ai], 0.0)
+    elif model.is_moe:
         nd = n if model.first_k_dense_layers * 2 > L else 0 * n
+    else:  # interleaved global / sliding-window layers: in proportion
+        nd = n * (1 - second / L)
     nm = n - nd
     # all ranks at once: per-rank rates along a leading axis
     d, e = rates.dense, rates.moe

@@ -98,6 +98,12 @@ class ModelSpec:
     #: of Mistral's original config); 0 = every layer attends to the whole causal prefix
     sliding_window: int = 0
     sliding_window_layers: int = 0
+    #: which layers use the window, one letter per layer in model order: "L" local (sliding window), "G" global
+    #: (transformers' ``layer_types``, or the family's pattern: Gemma 3 five local then one global); "" = not known,
+    #: every layer then costs the average of the two (and always for MoE models, whose two layer kinds are dense and
+    #: MoE). With a pattern, a dense model's local and global layers are costed as the two kinds of layer they are
+    #: (``second_kind``), so the pipeline split balances them
+    attention_pattern: str = ""
     #: multi-token prediction modules (DeepSeek-V3 report Sec. 2.2, config ``num_nextn_predict_layers``): each one
     #: more transformer block with its own input projection, sharing the embedding and the LM head, on the last stage
     mtp_layers: int = 0
@@ -157,6 +163,26 @@ class ModelSpec:
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+
+    @property
+    def positional_windows(self) -> bool:
+        """Whether local and global attention layers are costed apart (a dense model with ``attention_pattern``)."""
+        return bool(self.attention_pattern) and not self.is_moe and self.sliding_window > 0
+
+    @property
+    def second_kind(self) -> tuple[bool, ...]:
+        """Per layer (model order), whether it is the model's second kind of layer: MoE in a MoE model (the layers
+        from ``first_k_dense_layers`` on), a sliding-window layer in a dense model with ``positional_windows``,
+        none otherwise. The cost model prices two kinds of decoder layer; which is which comes from here."""
+        if self.is_moe:
+            return tuple(i >= self.first_k_dense_layers for i in range(self.num_layers))
+        if self.positional_windows:
+            return tuple(c == "L" for c in self.attention_pattern)
+        return (False,) * self.num_layers
+
+    @property
+    def num_second_kind(self) -> int:
+        return sum(self.second_kind)
 
     @property
     def is_mla(self) -> bool:
@@ -337,7 +363,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
                                        f"moe_intermediate_size {moe_ffn}", source=source,
                                        field="shared_expert_intermediate_size")
                 shared = shared_width // moe_ffn
-        window, window_layers = _sliding_window(f, model_type, layers, rules.get("global_every", 0))
+        window, window_layers, pattern = _sliding_window(f, model_type, layers, rules.get("global_every", 0))
         spec = ModelSpec(
             name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=dense_ffn,
             num_layers=layers, num_heads=heads,
@@ -361,6 +387,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             v_head_dim=f.int("v_head_dim", default=0, minimum=0),
             qk_nope_head_dim=f.int("qk_nope_head_dim", default=0, minimum=0),
             sliding_window=window, sliding_window_layers=window_layers if window else 0,
+            attention_pattern=pattern if window else "",
             mtp_layers=f.int("num_nextn_predict_layers", default=0, minimum=0),
             source=src,
         )
@@ -433,10 +460,10 @@ def _gpt_like(f: "_Fields", model_type: str, name: str, src: str) -> ModelSpec:
                      vocab_size=f.int("vocab_size"), max_seq_len=f.int("max_position_embeddings"),
                      tied_embeddings=f.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
                      linear_bias=bias, mlp_bias=bias, sliding_window=window, sliding_window_layers=layers if window
-                     else 0, source=src)
+                     else 0, attention_pattern="L" * layers if window else "", source=src)
 
 
-def _sliding_window(f: "_Fields", model_type: str, layers: int, global_every: int = 0) -> tuple[int, int]:
+def _sliding_window(f: "_Fields", model_type: str, layers: int, global_every: int = 0) -> tuple[int, int, str]:
     """(window, layers that use it) from a config.json: ``layer_types`` counts the "sliding_attention" layers
     (transformers' convention, gpt-oss and Gemma 3 write it); without it Mistral applies ``sliding_window`` to every
     layer, Qwen2 only with ``use_sliding_window`` (to the layers from ``max_window_layers`` on), and Gemma 2 / 3 to
@@ -448,23 +475,26 @@ def _sliding_window(f: "_Fields", model_type: str, layers: int, global_every: in
         chunk = f.int("attention_chunk_size", default=0, minimum=0)
         marks = f.data.get("no_rope_layers")
         if chunk and isinstance(marks, list) and len(marks) == layers:
-            return chunk, sum(1 for x in marks if x)
-        return 0, 0
+            return chunk, sum(1 for x in marks if x), "".join("L" if x else "G" for x in marks)
+        return 0, 0, ""
     if not window:
-        return 0, 0
+        return 0, 0, ""
     types = f.data.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
             raise PlannerError(f"must list {layers} layer type names", source=f.source, field="layer_types")
-        return window, sum(t == "sliding_attention" for t in types)
+        return window, sum(t == "sliding_attention" for t in types), \
+            "".join("L" if t == "sliding_attention" else "G" for t in types)
     if model_type == "mistral":
-        return window, layers
-    if global_every:
+        return window, layers, "L" * layers
+    if global_every:  # transformers' Gemma: layer i is global when (i + 1) % pattern == 0
         every = f.int("sliding_window_pattern", default=global_every)
-        return window, layers - layers // every
+        pattern = "".join("G" if (i + 1) % every == 0 else "L" for i in range(layers))
+        return window, pattern.count("L"), pattern
     if model_type in ("qwen2", "qwen2_moe") and f.bool("use_sliding_window", False):
-        return window, max(0, layers - f.int("max_window_layers", default=layers, minimum=0))
-    return 0, 0
+        first = min(layers, f.int("max_window_layers", default=layers, minimum=0))
+        return window, layers - first, "G" * first + "L" * (layers - first)
+    return 0, 0, ""
 
 
 def validate_model(spec: ModelSpec, source: str) -> None:
@@ -487,6 +517,12 @@ def validate_model(spec: ModelSpec, source: str) -> None:
                            f"({spec.expert_groups_per_token}) be in 1..n_group", source=source, field="topk_group")
     if spec.is_moe and not spec.moe_ffn_hidden_size:
         raise PlannerError("experts need a width", source=source, field="moe_intermediate_size")
+    if spec.attention_pattern and (len(spec.attention_pattern) != spec.num_layers
+                                   or set(spec.attention_pattern) - {"L", "G"}
+                                   or spec.attention_pattern.count("L") != spec.sliding_window_layers):
+        raise PlannerError(f"attention_pattern must hold one L (sliding window) or G (global) per layer, "
+                           f"{spec.sliding_window_layers} L of {spec.num_layers}", source=source,
+                           field="attention_pattern")
     if spec.first_k_dense_layers > spec.num_layers:
         raise PlannerError("first_k_dense_replace is larger than num_hidden_layers", source=source,
                            field="first_k_dense_replace")

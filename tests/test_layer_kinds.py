@@ -1,0 +1,112 @@
+"""Heterogeneous layers by position (issue 16 part 4, first slice): a dense model's sliding-window and global
+attention layers (Gemma 2 / 3's local:global pattern, transformers' ``layer_types``) are costed as the two kinds of
+layer they are, wherever they sit, so the pipeline partition balances stages by their real cost."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner.cost.step import estimate
+from planner.plan import search_plans
+from planner.search.engine import search
+from planner.search.space import SearchSpace, build_space
+from planner.specs.config import RunConfig
+from planner.specs.hardware import load_cluster
+from planner.specs.model import model_from_config
+from tests.test_hf_models import GEMMA3_27B, GPT_OSS_120B
+
+H100 = load_cluster("h100-80gb-sxm")
+G27 = model_from_config(GEMMA3_27B)
+#: a small Gemma-3-like model (12 layers, every 6th global) for brute force
+SMALL = model_from_config({"model_type": "gemma3_text", "hidden_size": 2048, "intermediate_size": 8192,
+                           "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 8,
+                           "head_dim": 128, "vocab_size": 32000, "max_position_embeddings": 32768,
+                           "sliding_window": 512, "sliding_window_pattern": 6})
+
+
+def test_patterns_from_config_json():
+    """transformers' Gemma 3: layer i is global when (i + 1) % sliding_window_pattern == 0; gpt-oss writes
+    layer_types, but as a MoE model keeps the averaged window (its two kinds are dense and MoE)."""
+    assert G27.attention_pattern == ("LLLLLG" * 11)[:62] and G27.attention_pattern.count("G") == 10
+    assert G27.positional_windows and G27.num_second_kind == 52
+    oss = model_from_config(GPT_OSS_120B)
+    assert oss.attention_pattern == "LG" * 18 and not oss.positional_windows
+    assert oss.second_kind == (True,) * 36  # its MoE layers
+
+
+def test_whole_model_work_is_the_averaged_one():
+    """On one stage without CP, the attention of 52 local and 10 global layers adds up to the averaged model's:
+    only where the layers sit changes."""
+    cfg = RunConfig(num_gpus=8, tp=8, seq_len=32768, global_batch_size=1, recompute="full", tp_comm_overlap=True)
+    positional = estimate(G27, H100, cfg)
+    averaged = estimate(G27.with_(attention_pattern=""), H100, cfg)
+    assert positional.stages[0].compute_s == pytest.approx(averaged.stages[0].compute_s, rel=1e-9)
+
+
+def test_stages_holding_global_layers_are_slower():
+    """PP 8 over 62 layers, split 8 x 7 + 6: at 128K each middle rank's forward time grows with its global layers."""
+    cfg = RunConfig(num_gpus=64, tp=8, pp=8, seq_len=131072, global_batch_size=8, recompute="full",
+                    tp_comm_overlap=True)
+    e = estimate(G27, H100, cfg)
+    starts = np.cumsum((0,) + tuple(len(s.layers) and s.layers[0] for s in e.stages))[:-1]
+    middle = range(1, 7)
+    globals_ = [G27.attention_pattern[starts[r]:starts[r] + e.stages[r].layers[0]].count("G") for r in middle]
+    fwd = [e.stages[r].fwd_s for r in middle]
+    order = np.argsort(globals_, kind="stable")
+    assert all(fwd[order[i]] <= fwd[order[i + 1]] + 1e-12 for i in range(len(order) - 1))
+    assert max(fwd) > 1.05 * min(fwd)
+
+
+def test_search_is_exact_with_positional_windows():
+    """Brute force over every row of a small space = the search's best; the pruning floors hold (no violations)."""
+    space = SearchSpace(partial_recompute=False, tp_values=(1, 2), schedules=("1f1b", "interleaved-1f1b"),
+                        zero_stages=(1,), hsdp_node_spans=())
+    sp = build_space(SMALL, H100, 8, 16, 16384, space)
+    rows = sp.expand(np.arange(len(sp.groups)))
+    cfgs = [sp.config(int(g), int(z), int(r), int(h)) for g, z, r, h in zip(rows.group, rows.zero, rows.rec,
+                                                                             rows.hsdp)]
+    assert any(c.pp > 1 for c in cfgs)
+    fitting = [e.step_time_s for e in (estimate(SMALL, H100, c, check=False) for c in cfgs) if e.fits]
+    res = search(SMALL, H100, 8, 16, 16384, space=space, top=0, refine_partition=False)
+    assert res.best.estimate.step_time_s == pytest.approx(min(fitting), rel=1e-12)
+    assert res.stats["bound_violations"] == 0
+
+
+def test_partition_balances_global_layers_and_beats_the_even_split():
+    """Gemma-3-27B at 128K on 256 H100 as TP 8, PP 8 (1F1B, ZeRO-1): the partition DP, costing each layer as the
+    kind it is, gives the stages holding more global layers fewer layers; 4.5% faster than the even split by layer
+    count and 4% faster than the split that saw only the averaged layer cost (numbers of this model, 2026-12-03)."""
+    space = SearchSpace(pp_values=(8,), tp_values=(8,), schedules=("1f1b",), zero_stages=(1,))
+    even = search_plans(G27, H100, 256, 64, 131072, top_k=0, space=space, refine_partition=False)
+    part = search_plans(G27, H100, 256, 64, 131072, top_k=0, space=space)
+    split = part.config.layers_per_stage
+    assert split is not None and sum(split) == 62 and len(set(split)) > 2
+    assert part.estimate.step_time_s < 0.97 * even.estimate.step_time_s
+    averaged = search_plans(G27.with_(attention_pattern=""), H100, 256, 64, 131072, top_k=0, space=space)
+    blind = estimate(G27, H100, averaged.config)  # the averaged model's split, costed by position
+    assert part.estimate.step_time_s < 0.98 * blind.step_time_s
+    starts = np.cumsum((0,) + split)[:-1]
+    g = [G27.attention_pattern[a:a + n].count("G") for a, n in zip(starts, split)]
+    dense_g = [x / n for x, n in zip(g, split)]
+    # the stage with the largest share of global layers holds no more layers than the one with the smallest
+    assert split[int(np.argmax(dense_g[1:7])) + 1] <= split[int(np.argmin(dense_g[1:7])) + 1]
+
+
+def test_the_plan_json_round_trips_the_pattern(tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.plan import model_from_plan_dict
+    from planner.schema import validate_plan_json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA3_27B))
+    r = CliRunner().invoke(app, ["plan", "--model", str(path), "--cluster", "h100-80gb-sxm", "--gpus", "64",
+                                 "--global-batch", "64", "--seq-len", "32768", "--pp", "8", "--json", "--top", "0"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    validate_plan_json(d)
+    assert model_from_plan_dict(d).attention_pattern == G27.attention_pattern
