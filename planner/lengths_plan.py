@@ -1,10 +1,10 @@
 """Plans over a sequence-length distribution (``--seq-len-dist``): the length-aware estimate of a searched plan and
 its runners-up, and dynamic context parallelism's gain over the best static plan.
 
-The search itself prices packed data exactly as the cost model does (``SearchSpace.packed_doc_len``: attention
-per document); what it cannot see -- the data-parallel ranks' wait for the heaviest packed sequences, the mixture of
-padded lengths without packing, and Megatron-Core's hybrid CP -- is added here to the best plan and the ``top``
-runners-up, which are then re-ranked (exact within them, not over the whole space).
+The search itself prices packed data exactly as the cost model does (``SearchSpace.packed_doc_len`` and
+``packed_attention_cv``: attention per document, the data-parallel wait for the heaviest packed sequences); what it
+cannot see -- the mixture of padded lengths without packing, and Megatron-Core's hybrid CP -- is added here to the
+best plan and the ``top`` runners-up, which are then re-ranked (exact within them, not over the whole space).
 """
 
 from __future__ import annotations

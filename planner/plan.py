@@ -62,6 +62,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({"offload_layers": cfg.offload_layers} if cfg.offload_layers else {}),
             **({} if cfg.fused_cross_entropy else {"fused_cross_entropy": False}),
             **({"packed_doc_len": cfg.packed_doc_len} if cfg.packed_doc_len else {}),
+            **({"packed_attention_cv": cfg.packed_attention_cv} if cfg.packed_attention_cv else {}),
             **({"offload_modules": cfg.offload_modules} if cfg.offload_modules else {}),
         },
     }

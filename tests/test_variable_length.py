@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.cost.compute import layer_ops
 from planner.cost.step import LAYER_COSTS, estimate
-from planner.cost.variable_length import (cp_degree_for, dynamic_cp, expected_max_normal, packed_attention_cv,
-                                          packed_estimate, padded_lengths, unpacked_estimate)
+from planner.cost.data_parallel import expected_max_normal
+from planner.cost.variable_length import (cp_degree_for, dynamic_cp, packed_attention_cv, packed_estimate,
+                                          padded_lengths, unpacked_estimate)
 from planner.errors import PlannerError
 from planner.schema import validate_plan_json
 from planner.search.space import SearchSpace
@@ -118,15 +119,21 @@ def test_packed_attention_flops_are_the_documents_squares(llama8b):
 
 
 def test_packed_estimate_two_buckets(llama8b):
-    """Packed: the step is estimate() at packed_doc_len plus the data-parallel wait, which is the expected maximum of
-    dp normals x the micro-batch's attention time x the CV over sqrt(m) sequences."""
+    """Packed: the step is the mean-field step at packed_doc_len plus the data-parallel wait, the expected maximum
+    of dp normals x the attention kernels' time per sequence x the CV over sqrt(m b) sequences; the search and
+    estimate() price it alike (it is in the step, RunConfig.packed_attention_cv)."""
+    from planner.cost.compute import attention_core_s
+
     cfg = RunConfig(num_gpus=16, tp=8, seq_len=8192, global_batch_size=32, recompute="selective")
     le = packed_estimate(llama8b, H100, cfg, TOY)
-    mean_field = estimate(llama8b, H100, cfg.with_(packed_doc_len=19e6 / 7000))
-    no_attention = estimate(llama8b, H100, cfg.with_(packed_doc_len=1.0))
-    attn = mean_field.stages[0].time_per_microbatch_s - no_attention.stages[0].time_per_microbatch_s
+    lsq = 19e6 / 7000
+    mean_field = estimate(llama8b, H100, cfg.with_(packed_doc_len=lsq))
+    packed = cfg.with_(packed_doc_len=lsq)
+    fwd, ratio = attention_core_s(layer_ops(llama8b, packed), H100.gpu, packed)
+    attn = 32 * float(fwd) * (1 + float(ratio))  # all 32 layers on the one pipeline rank, one micro-batch
     wait = expected_max_normal(2) * attn * packed_attention_cv(TOY, 8192) * math.sqrt(16)
     assert le.imbalance_s == pytest.approx(wait)
+    assert le.estimate.breakdown["dp_imbalance_s"] == pytest.approx(wait)
     assert le.estimate.step_time_s == pytest.approx(mean_field.step_time_s + wait)
     assert le.estimate.tokens_per_s == pytest.approx(32 * 8192 / le.estimate.step_time_s)
     assert le.fixed.step_time_s > le.estimate.step_time_s  # attention of 2.7K-token documents, not 8K squares
@@ -164,9 +171,13 @@ def test_packing_never_costs_more_per_micro_batch_than_full_squares(mean, sigma,
 
 def test_search_prices_packed_data_as_estimate_does(llama8b):
     """The search's layer costs (seeded from its batch) = estimate()'s for packed documents, uncached."""
-    lsq = lognormal(2048, 1.5, 32768).packed_doc_len(32768)
-    plan = search_plans(llama8b, H100, 16, 16, 32768, top_k=1, space=SearchSpace(packed_doc_len=lsq))
-    assert plan.config.packed_doc_len == lsq
+    d = lognormal(2048, 1.5, 32768)
+    lsq, cv = d.packed_doc_len(32768), packed_attention_cv(d, 32768)
+    plan = search_plans(llama8b, H100, 16, 16, 32768, top_k=1,
+                        space=SearchSpace(packed_doc_len=lsq, packed_attention_cv=cv))
+    assert plan.config.packed_doc_len == lsq and plan.config.packed_attention_cv == cv
+    if plan.config.dp > 1:
+        assert plan.estimate.breakdown["dp_imbalance_s"] > 0
     LAYER_COSTS.clear()
     from planner.cost.step import _estimate_cached
     _estimate_cached.cache_clear()

@@ -166,7 +166,8 @@ def estimate(
         data = data_section(dist, packing, aware, dyn, layout_label)
         est = aware.estimate
         if packing:
-            cfg = cfg.with_(packed_doc_len=aware.packed_doc_len)
+            from planner.cost.variable_length import packed_config
+            cfg = packed_config(cfg, dist)
     accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe).to_dict()
     for warning in request_warnings(spec, cfg):
         err(f"warning: {warning}")

@@ -175,6 +175,11 @@ def plan(
     spec = load_model(model)
     hw = load_cluster(cluster)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
+    if packed:
+        from planner.cost.variable_length import packed_attention_cv
+        packed_cv = packed_attention_cv(dist, seq_len)
+    else:
+        packed_cv = 0.0
 
     launcher = emit or (run_stack.launcher if run_stack is not None else None)
     if offload and launcher not in (None, "megatron", "nemo"):
@@ -190,11 +195,11 @@ def plan(
                                      max_memory_gib=max_memory_gib, refine_partition=not no_partition,
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
                                      recompute_modules=modules, constraints=cons, packed_doc_len=packed,
-                                     offload_modules=offload_modules)
+                                     packed_attention_cv=packed_cv, offload_modules=offload_modules)
         from planner.search.space import SearchSpace
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
-                            offload_modules=offload_modules)
+                            packed_attention_cv=packed_cv, offload_modules=offload_modules)
         if cons is not None:
             space = cons.narrow([space], "the search")[0]
         return search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,

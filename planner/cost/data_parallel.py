@@ -45,6 +45,24 @@ def exposed_s(comm_s, window_s, interference: float):
     return comm_s - hidden + hidden * interference
 
 
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals], Blom's approximation Phi^-1((n - 0.375) / (n + 0.25))
+    (Blom 1958); 0 for one."""
+    from statistics import NormalDist
+
+    return 0.0 if n <= 1 else NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def packed_wait_s(attention_s, cv: float, dp: int, sequences: int, micro_batch: int):
+    """Per step, the wait of the data-parallel ranks for the one whose packed sequences hold the most attention
+    work (the "DP computational imbalance" of NVIDIA's Megatron-Core dynamic-CP post, 2026-01-28): a rank's
+    attention time over its ``sequences`` (m b) sequences varies with standard deviation ``attention_s`` (per
+    micro-batch of ``micro_batch`` sequences) / b x ``cv`` x sqrt(m b), and the step waits for the expected
+    maximum of ``dp`` such ranks above their mean (:func:`expected_max_normal`). A normal approximation: it holds
+    when a rank sums many documents and understates the tail when a few long ones dominate."""
+    return expected_max_normal(dp) * np.asarray(attention_s) / micro_batch * cv * np.sqrt(sequences)
+
+
 def expert_dp_degree(dp, cp, ep, tp=1, etp=None):
     """Ranks an expert's weights are replicated over (and ZeRO shards them over), Megatron-Core's expert-data-
     parallel group: TP x CP x DP / (EP x expert TP) (DP x CP / EP when expert TP = TP), at least 1."""

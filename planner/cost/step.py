@@ -18,7 +18,7 @@ from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_co
                                   recomputed)
 from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
-                                        expert_shard_degree, exposed_s, optimizer_step_s)
+                                        expert_shard_degree, exposed_s, optimizer_step_s, packed_wait_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  offloaded_bytes_per_layer,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
@@ -150,6 +150,7 @@ class LayerCost:
     offload_bytes: float | np.ndarray = 0.0  # activations sent to host memory in forward (and back in backward)
     offload_fwd_s: float | np.ndarray = 0.0  # their copy to host that the layer's forward does not hide
     offload_bwd_s: float | np.ndarray = 0.0  # their reload that the layer's backward does not hide
+    attention_s: float | np.ndarray = 0.0  # the attention core's forward + backward kernels
 
     @property
     def fwd_comm_s(self):
@@ -267,7 +268,7 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
         act_full_bytes=activation_bytes_per_layer(model, cfg, "full", moe),
         act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe) - off,
         recompute_flops=np.where(selective, rec_flops, 0.0), fwd_flops=sum(o.flops for o in ops),
-        buffer_bytes=cpc.buffer_bytes + 2 * off, offload_bytes=off,
+        buffer_bytes=cpc.buffer_bytes + 2 * off, offload_bytes=off, attention_s=attn_s * (1 + attn_ratio),
         offload_fwd_s=exposed_s(copy, fwd_window, 0.0), offload_bwd_s=exposed_s(copy, bwd_window, 0.0))
 
 
@@ -554,7 +555,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     full_second = second_in(n_full) if two_kinds else np.zeros(n_stages)
     selective = cfg.recompute == "selective"
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
-                                         "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb")}
+                                         "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb", "attn")}
     workspace_j, largest_j = np.zeros(n_stages), np.zeros(n_stages)
     kinds = ((n - n_moe, n_full - full_second, dense, False),) + \
         (((n_moe, full_second, moe, is_moe_model),) if two_kinds else ())
@@ -571,6 +572,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         q["epc"] += (2 * count + full_here) * lc.ep_fwd_s
         q["offc"] += count * (lc.offload_fwd_s + lc.offload_bwd_s)
         q["offb"] += count * lc.offload_bytes
+        q["attn"] += count * lc.attention_s
         q["rflops"] += count * lc.recompute_flops + full_here * lc.fwd_flops
         kept = lc.act_bytes if cfg.recompute != "full" else lc.act_none_bytes
         q["act"] += full_here * lc.act_full_bytes + (count - full_here) * kept
@@ -639,6 +641,11 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                         gpu.comm_overlap_interference)
     local = zero_sharded_params(dense_p, expert_p, cfg.zero_stage, dp_shard, expert_dp_shard, "optimizer")
     dp_exposed, opt_s = float(np.max(t_dp)), float(np.max(optimizer_step_s(local, gpu)))
+    # packed variable-length documents: the ranks wait for the one with the most attention work (the busiest
+    # pipeline rank's attention per micro-batch, over its passes)
+    wait = float(packed_wait_s(np.max(rank["attn"]), cfg.packed_attention_cv, dp,
+                               passes * cfg.micro_batch_size, cfg.micro_batch_size)) \
+        if cfg.packed_doc_len and cfg.packed_attention_cv else 0.0
     per_rank = [dict(zip(states, values)) for values in zip(*(np.broadcast_to(x, (p,)).tolist()
                                                                for x in states.values()))]
     stages = tuple(
@@ -646,7 +653,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                                            "workspace": ws})
         for r, (row, act, ws) in enumerate(zip(stage_rows, act_per_mb.tolist(), workspace.tolist())))
 
-    step = pipe_s + dp_exposed + opt_s
+    step = pipe_s + dp_exposed + opt_s + wait
     mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len,
                                   keys=float(attended_keys(cfg)) if cfg.packed_doc_len else None)
     hflops = mflops + float(recompute_flops_per_mb.sum()) * passes * dp * cfg.tp * cfg.cp
@@ -665,6 +672,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         "offload_s": passes * bott.offload_s,
         "dp_comm_s": dp_exposed,
         "optimizer_s": opt_s,
+        **({"dp_imbalance_s": wait} if wait else {}),
     }
     return Estimate(
         step_time_s=step, tokens_per_s=cfg.tokens_per_step / step, tflops_per_gpu=mflops / step / n / 1e12,

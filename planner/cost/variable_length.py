@@ -7,8 +7,8 @@ formula written twice):
 - **packed** (:func:`packed_estimate`): documents packed whole into ``seq_len``-token sequences with per-document
   attention masking; every micro-batch holds the same tokens (memory and linear layers as fixed-length), attention
   shrinks to each document's square (``RunConfig.packed_doc_len``), and the data-parallel ranks wait for the one
-  whose packed sequences hold the most attention work (the "DP computational imbalance" of the NVIDIA Megatron-Core
-  dynamic-CP post, 2026-01-28).
+  whose packed sequences hold the most attention work (``RunConfig.packed_attention_cv``, priced in the step by
+  ``data_parallel.packed_wait_s``).
 - **unpacked** (:func:`unpacked_estimate`): one sample per sequence, each micro-batch padded to its longest sample;
   the step is the mixture of the per-length steps, the longest length must fit.
 - **dynamic CP** (:func:`dynamic_cp`): Megatron-Core's hybrid context parallelism (``--hybrid-context-parallel``,
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from statistics import NormalDist
 
 import numpy as np
 
@@ -36,8 +35,6 @@ from planner.specs.model import ModelSpec
 
 #: bytes a barrier exchanges (NCCL runs torch.distributed.barrier as an all-reduce of one element)
 BARRIER_BYTES = 4
-#: the shortest "document" length the attention work is differenced against (one token: no attention square)
-_NO_ATTENTION_KEYS = 1.0
 
 
 @dataclass(frozen=True)
@@ -73,12 +70,6 @@ def _restated(est: Estimate, model: ModelSpec, cluster: Cluster, cfg: RunConfig,
                    hfu=(model_flops + hflops_extra) / step_s / peak, breakdown={**est.breakdown, **extra})
 
 
-def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normals], Blom's approximation Phi^-1((n - 0.375) / (n + 0.25))
-    (Blom 1958); 0 for one."""
-    return 0.0 if n <= 1 else NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
-
-
 def packed_attention_cv(dist: SeqLenDist, seq_len: int) -> float:
     """Coefficient of variation of one packed sequence's attention work (the sum of its documents' squared lengths)
     over sequences of ``seq_len`` tokens: the renewal-reward central limit theorem with reward L^2 per document of
@@ -99,25 +90,21 @@ def _microbatch_s(est: Estimate) -> float:
 
 def packed_estimate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, dist: SeqLenDist,
                     check: bool = True) -> LengthAwareEstimate:
-    """``cfg`` over packed documents of ``dist``: attention per document (``packed_doc_len``), and the wait for the
-    data-parallel rank whose ``m b`` packed sequences hold the most attention work: the attention share of a
-    micro-batch (its time at the packed length minus its time with no attention square) times the work's
-    coefficient of variation (:func:`packed_attention_cv`) over sqrt(m b) sequences, times the expected maximum of
-    ``dp`` standard normals (:func:`expected_max_normal`). A normal approximation: it holds when a rank's work sums
-    many documents, and understates the tail when few long documents dominate."""
-    fixed = estimate(model, cluster, cfg.with_(packed_doc_len=0.0), check=check)
+    """``cfg`` over packed documents of ``dist``: ``estimate`` with attention per document (``packed_doc_len``)
+    and the data-parallel wait for the rank whose packed sequences hold the most attention work
+    (``packed_attention_cv`` -> ``data_parallel.packed_wait_s``, in the step's breakdown as ``dp_imbalance_s``)."""
+    fixed = estimate(model, cluster, cfg.with_(packed_doc_len=0.0, packed_attention_cv=0.0), check=check)
     lsq = dist.packed_doc_len(cfg.seq_len)
-    est = estimate(model, cluster, cfg.with_(packed_doc_len=lsq), check=False)
-    no_attn = estimate(model, cluster, cfg.with_(packed_doc_len=_NO_ATTENTION_KEYS), check=False)
-    attention_s = max(0.0, _microbatch_s(est) - _microbatch_s(no_attn))
-    sequences = cfg.num_microbatches * cfg.micro_batch_size
-    imbalance = expected_max_normal(cfg.dp) * attention_s * packed_attention_cv(dist, cfg.seq_len) * \
-        math.sqrt(sequences) / cfg.micro_batch_size
-    mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len, keys=lsq)
-    out = _restated(est, model, cluster, cfg, est.step_time_s + imbalance, cfg.tokens_per_step, mflops,
-                    {"dp_imbalance_s": imbalance})
-    return LengthAwareEstimate(estimate=out, fixed=fixed, packing=True, mean_len=dist.split_at(cfg.seq_len).mean_len,
-                               packed_doc_len=lsq, imbalance_s=imbalance, useful_token_share=1.0)
+    est = estimate(model, cluster, packed_config(cfg, dist), check=False)
+    return LengthAwareEstimate(estimate=est, fixed=fixed, packing=True, mean_len=dist.split_at(cfg.seq_len).mean_len,
+                               packed_doc_len=lsq, imbalance_s=est.breakdown.get("dp_imbalance_s", 0.0),
+                               useful_token_share=1.0)
+
+
+def packed_config(cfg: RunConfig, dist: SeqLenDist) -> RunConfig:
+    """``cfg`` training on ``dist``'s documents packed into its sequences."""
+    return cfg.with_(packed_doc_len=dist.packed_doc_len(cfg.seq_len),
+                     packed_attention_cv=packed_attention_cv(dist, cfg.seq_len))
 
 
 def padded_lengths(dist: SeqLenDist, seq_len: int, micro_batch: int) -> tuple[np.ndarray, np.ndarray]:

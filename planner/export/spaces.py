@@ -106,7 +106,8 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
                       refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
                       stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES,
-                      constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "") -> Any:
+                      constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "",
+                      packed_attention_cv: float = 0.0) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
     when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
@@ -122,7 +123,8 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     if constraints is not None:
         spaces = constraints.narrow(spaces, f"stack {stack.name}" if stack is not None else target)
     if packed_doc_len or offload_modules:
-        spaces = [replace(s, packed_doc_len=packed_doc_len, offload_modules=offload_modules) for s in spaces]
+        spaces = [replace(s, packed_doc_len=packed_doc_len, packed_attention_cv=packed_attention_cv,
+                          offload_modules=offload_modules) for s in spaces]
     found = []
     reasons = []
     fixes = []

@@ -75,6 +75,8 @@ class SearchSpace:
     #: packed variable-length documents: their token-weighted mean length (config.RunConfig.packed_doc_len; the
     #: data's, not searched); 0 = one document per sequence
     packed_doc_len: float = 0.0
+    #: and the coefficient of variation of a packed sequence's attention work (config.RunConfig.packed_attention_cv)
+    packed_attention_cv: float = 0.0
     #: Megatron-Core fine-grained activation offloading of these module inputs in every row (config.
     #: RunConfig.offload_modules; "" = none): such a space holds no full recomputation (it keeps only layer inputs)
     offload_modules: str = ""
@@ -390,6 +392,7 @@ class Space:
     precision: str = "bf16"
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     packed_doc_len: float = 0.0
+    packed_attention_cv: float = 0.0
     offload_modules: str = ""
     #: HSDP shard sizes (``hsdp_shards``): per distinct (TP, CP, PP, EP, expert TP) a row of S sizes in DP
     #: ranks, the valid ones first, 0 = none (``hsdp_table``), and each group's row of it (``hsdp_key``)
@@ -551,6 +554,7 @@ class Space:
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
             schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
             recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
+            packed_attention_cv=self.packed_attention_cv,
             offload_modules=self.offload_modules,
             **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
 
@@ -569,6 +573,7 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
                  partial_divides=space.recompute_count_divides,
                  recompute_modules=space.recompute_modules, packed_doc_len=space.packed_doc_len,
+                 packed_attention_cv=space.packed_attention_cv,
                  offload_modules=space.offload_modules,
                  hsdp_table=table, hsdp_key=key,
                  hsdp_zero_stages=tuple(z for z in zero_stages if z in space.hsdp_zero_stages and z >= 1),

@@ -132,6 +132,10 @@ class RunConfig:
     #: THD format, cu_seqlens): the token-weighted mean document length E[L^2] / E[L] (``SeqLenDist.
     #: packed_doc_len``), the keys a query attends on average; 0 = one document per sequence
     packed_doc_len: float = 0.0
+    #: with packed_doc_len: coefficient of variation of one packed sequence's attention work (the sum of its
+    #: documents' squared lengths; ``variable_length.packed_attention_cv``), which makes data-parallel ranks wait
+    #: for the one whose sequences hold the most (``data_parallel.packed_wait_s``); 0 = equal work
+    packed_attention_cv: float = 0.0
     #: Megatron-Core fine-grained activation offloading: the module inputs (:data:`OFFLOAD_MODULES`, canonical
     #: string) every decoder layer sends to host memory in forward and reloads before its backward; "" = none
     offload_modules: str = ""
