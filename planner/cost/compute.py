@@ -10,7 +10,7 @@ FLOP counts follow Narayanan et al. 2021 (Eq. 3) and Korthikanti et al. 2022 (Ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace, dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -200,6 +200,8 @@ def attended_fraction(model: ModelSpec, seq_len, window: bool | None = None):
     (2 s) (the first w queries see fewer), over s. ``window`` True / False: a local / global layer; None: averaged
     over the model's layers. Layers and windows from the spec."""
     seq_len = np.asarray(seq_len, dtype=float)
+    if not model.causal:  # a bidirectional encoder: every query attends every key
+        return 1.0 + 0.0 * seq_len
     n, w = model.sliding_window_layers, float(model.sliding_window)
     windowed = np.where(seq_len > w, (w - w * (w - 1) / (2 * seq_len)), 0.5 * seq_len) / seq_len
     if window is not None:
@@ -226,6 +228,25 @@ def mla_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     ops += _linear("kv_up_proj", T, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / t, cfg,
                    module="mla_up_proj")
     return ops
+
+
+def vision_config(model: ModelSpec, cfg: Config):
+    """The configuration the vision encoder (``ModelSpec.vision_encoder``) runs under on the first pipeline stage:
+    the micro-batch's images (b x images per sample) of ``vision_tokens`` tokens each, with the stage's TP and SP,
+    not split by CP (each CP rank encodes its samples' images), no packing, no offloading."""
+    return replace(cfg, cp=1, seq_len=model.vision_tokens, micro_batch_size=cfg.micro_batch_size * model.vision_images,
+                   packed_doc_len=0.0, offload_modules="")
+
+
+def vision_projector_ops(model: ModelSpec, cfg: Config) -> list[Op]:
+    """LLaVA's projector on the image tokens (``cfg``: :func:`vision_config`): h_v -> h -> h, GELU between
+    (Liu et al. 2023, "Improved Baselines with Visual Instruction Tuning": an MLP of two layers), split by TP
+    as a column- then row-parallel pair."""
+    T, t, h = cfg.tokens_per_rank, cfg.tp, model.hidden_size
+    return (_linear("vision_proj_in", T, model.vision_hidden_size, h / t, cfg)
+            + [Op("vision_proj_act", "memory", hbm_bytes=ACT_BYTES * 2 * T * h / t, bwd_ratio=2.0,
+                  weight_grad_fraction=0.0)]
+            + _linear("vision_proj_out", T, h / t, h, cfg))
 
 
 def mtp_projection_ops(model: ModelSpec, cfg: Config) -> list[Op]:
@@ -354,7 +375,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
     the general form counts each GEMM of the layer (GQA, gated MLP, MoE active experts) at 3 x 2mkn.
     ``causal_half`` counts only the unmasked half of the attention scores (the convention some reports use).
     ``keys``: the square's side per query when it is not the sequence (packed documents: :func:`attended_keys`,
-    each document's own square).
+    each document's own square). A vision encoder adds its layers' and projector's FLOPs on every sample's images.
     """
     h, s, B = model.hidden_size, seq_len, global_batch
     tokens = B * s
@@ -372,7 +393,12 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
         model.num_moe_layers * (attn_proj + moe_mlp)
     attn_core = 2 * (s if keys is None else keys) * (model.attn_q_dim + model.attn_out_dim) * model.num_layers * (0.5 if causal_half else 1.0)
     head = 2 * h * model.vocab_size
-    return 3.0 * tokens * (per_token_layers + attn_core + head)
+    vision = 0.0
+    if model.vision_layers:  # the encoder and projector on each sample's images (whole attention squares)
+        vcfg = RunConfig(num_gpus=1, seq_len=model.vision_tokens, micro_batch_size=model.vision_images)
+        vision = B * float(model.vision_layers * sum(o.flops for o in layer_ops(model.vision_encoder, vcfg))
+                           + sum(o.flops for o in vision_projector_ops(model, vcfg)))
+    return 3.0 * (tokens * (per_token_layers + attn_core + head) + vision)
 
 
 def gpt_model_flops_eq7(B: int, s: int, L: int, h: int, V: int) -> float:

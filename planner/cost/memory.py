@@ -106,11 +106,21 @@ def head_params(model: ModelSpec) -> int:
     return norm_params(model) + (0 if model.tied_embeddings else model.vocab_size * model.hidden_size)
 
 
+def vision_params(model: ModelSpec) -> int:
+    """The vision encoder's layers and the projector (h_v h + h + h h + h); the patch and position embeddings
+    (under 1M for a ViT-L) are left out. 0 without an encoder."""
+    enc = model.vision_encoder
+    if enc is None:
+        return 0
+    h, hv = model.hidden_size, model.vision_hidden_size
+    return enc.num_layers * layer_params(enc) + hv * h + h + h * h + h
+
+
 def total_params(model: ModelSpec, seq_len: int | None = None) -> int:
-    """Total parameters (Narayanan Eq. 2 for GPT with learned positions of length s)."""
+    """Total parameters (Narayanan Eq. 2 for GPT with learned positions of length s), a vision encoder's included."""
     dense_layers = model.num_layers - model.num_moe_layers
     return (dense_layers * layer_params(model) + model.num_moe_layers * layer_params(model, moe=True)
-            + embedding_params(model, seq_len) + head_params(model))
+            + embedding_params(model, seq_len) + head_params(model) + vision_params(model))
 
 
 def active_params(model: ModelSpec, seq_len: int | None = None) -> int:
@@ -261,6 +271,12 @@ def mtp_projection_activation_bytes(model: ModelSpec, cfg: Config):
     return cfg.tokens_per_rank * 4 * model.hidden_size * 2
 
 
+def vision_projector_activation_bytes(model: ModelSpec, cfg: Config):
+    """The projector's saved tensors on the image tokens (``cfg``: ``compute.vision_config``): its input (2 h_v per
+    token, bf16), its first layer's output and the GELU output (2 h / t each)."""
+    return cfg.tokens_per_rank * (2 * model.vision_hidden_size + 4 * model.hidden_size / cfg.tp)
+
+
 def embedding_activation_bytes(model: ModelSpec, cfg: Config):
     """First stage: the embedding output (and its dropout mask for GPT), Korthikanti Sec. 4.3."""
     return cfg.tokens_per_rank * model.hidden_size * (3 if model.dropout else 2) / sp_degree(cfg)
@@ -297,13 +313,13 @@ def end_params_on_gpu(model: ModelSpec, seq_len: int, tp, num_stages, ep=1, etp=
     vocab-parallel embedding and output layer); with tied embeddings and more than one stage the last stage keeps
     its own copy of the embedding matrix for the LM head (Megatron's shared word embeddings). The last stage also
     holds the multi-token-prediction modules (Megatron-Core places them with the loss), their experts split over
-    EP x expert TP like any MoE layer's."""
+    EP x expert TP like any MoE layer's; the first holds the vision encoder and projector, split by TP."""
     tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
     head = head_params(model) + np.where(np.asarray(num_stages) > 1, tied_copy, 0)
     mtp_dense, mtp_experts = mtp_params(model)
     etp = tp if etp is None else etp
     head_gpu = (head + mtp_dense) / np.asarray(tp) + mtp_experts / (np.asarray(ep) * np.asarray(etp))
-    return embedding_params(model, seq_len) / np.asarray(tp), head_gpu
+    return (embedding_params(model, seq_len) + vision_params(model)) / np.asarray(tp), head_gpu
 
 
 def gathered_layer_params(model: ModelSpec, tp, ep, moe: bool, etp=None):

@@ -13,14 +13,15 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, embedding_ops, head_ops, layer_ops,
+from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, embedding_ops,
+                                  vision_config, vision_projector_ops, head_ops, layer_ops,
                                   linear_gemm_fwd_s, model_flops_per_step, mtp_projection_ops, pass_times,
                                   recomputed)
 from planner.cost.context_parallel import cp_layer_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
                                         expert_shard_degree, exposed_s, optimizer_step_s, packed_wait_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
-                                 offloaded_bytes_per_layer,
+                                 offloaded_bytes_per_layer, vision_projector_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes, mtp_projection_activation_bytes, zero_sharded_params)
 from planner.cost.moe import ep_layer_cost
@@ -328,6 +329,16 @@ def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Grou
     more decoder layer (:func:`layer_costs`, with its TP / EP communication; ``block``, where the caller already
     has that layer's costs) and one more pass of the shared LM head and loss."""
     emb = pass_times(embedding_ops(model, cfg), cluster.gpu)
+    emb_fwd, emb_bwd, act_emb = emb.fwd_s, emb.bwd_s, embedding_activation_bytes(model, cfg)
+    if model.vision_layers:  # the vision encoder and projector ahead of the embedding (first stage; their
+        # backward, none of it needed upstream of the images, is counted with the embedding's as W)
+        vcfg = vision_config(model, cfg)
+        enc = layer_costs(model.vision_encoder, cluster, vcfg, comm.groups_for(cluster, cfg.tp, 1, 1, 1), False)
+        proj = pass_times(vision_projector_ops(model, vcfg), cluster.gpu)
+        n = model.vision_layers
+        emb_fwd = emb_fwd + n * enc.fwd_total_s + proj.fwd_s
+        emb_bwd = emb_bwd + n * (enc.bwd_input_total_s + enc.bwd_weight_s) + proj.bwd_s
+        act_emb = act_emb + n * enc.act_bytes + vision_projector_activation_bytes(model, vcfg)
     head = pass_times(head_ops(model, cfg), cluster.gpu)
     gather = comm.all_gather_s(cluster, groups.tp, cfg.tokens_per_rank * model.hidden_size * ACT_BYTES)
     head_tp = np.where((np.asarray(cfg.tp) > 1) & np.asarray(cfg.sequence_parallel, dtype=bool), gather, 0.0)
@@ -343,9 +354,9 @@ def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Grou
         head_bwd_w = head_bwd_w + n * (block.bwd_weight_s + proj.bwd_weight_s + head.bwd_weight_s)
         head_act = head_act + n * (block.act_bytes + head_activation_bytes(model, cfg) +
                                    mtp_projection_activation_bytes(model, cfg))
-    return EndCost(emb_fwd_s=emb.fwd_s, emb_bwd_s=emb.bwd_s, head_fwd_s=head_fwd,
+    return EndCost(emb_fwd_s=emb_fwd, emb_bwd_s=emb_bwd, head_fwd_s=head_fwd,
                    head_bwd_input_s=head_bwd_in, head_bwd_weight_s=head_bwd_w, head_tp_s=head_tp,
-                   act_emb_bytes=embedding_activation_bytes(model, cfg), head_act_bytes=head_act)
+                   act_emb_bytes=act_emb, head_act_bytes=head_act)
 
 
 def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, pp):

@@ -46,7 +46,13 @@ def export(plan: Any, target: str, *, source: str = "<plan>", option: str = "--t
     mod = target_module(target, option)
     from planner.export._common import read_plan, unsupported
 
-    if target != "megatron" and read_plan(plan, source).hybrid_cp_max_per_rank is not None:
+    view = read_plan(plan, source)
+    if view.model is not None and view.model.vision_layers:
+        raise unsupported(target, "a vision encoder in front of the language model (the exporters write language-model "
+                                  "launch configs; Megatron-LM trains LLaVA-style models through examples/multimodal, "
+                                  "Megatron-Bridge through its VLM recipes)",
+                          "use the plan's degrees and layer split by hand in the multimodal launcher")
+    if target != "megatron" and view.hybrid_cp_max_per_rank is not None:
         raise unsupported(target, "Megatron-Core's hybrid (dynamic) context parallelism (--hybrid-context-parallel; "
                                   "the planner writes it for Megatron-LM only)",
                           "export to megatron, or plan without --dynamic-cp")

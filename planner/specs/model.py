@@ -21,7 +21,7 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3"
               "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "gpt_oss", "phi3", "olmo2", "llama4", "llama4_text")
 #: model_type values with a GPT-style block (LayerNorm, a non-gated GELU MLP), each read by its own field names
 GPT_LIKE = ("gpt2", "gpt_neox", "falcon", "starcoder2", "mpt")
-SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GPT_LIKE
+SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GPT_LIKE + ("llava",)
 #: per Llama-like family, what its config.json does not spell out (transformers' modeling_<type>.py): QK-norm
 #: ("head": one RMSNorm weight of head_dim for queries and one for keys, Qwen3 / Gemma 3; "full": over the whole
 #: query and key widths, OLMo 2), norms per layer (Gemma 2 / 3 norm before and after attention and MLP), biases of
@@ -107,6 +107,18 @@ class ModelSpec:
     #: multi-token prediction modules (DeepSeek-V3 report Sec. 2.2, config ``num_nextn_predict_layers``): each one
     #: more transformer block with its own input projection, sharing the embedding and the LM head, on the last stage
     mtp_layers: int = 0
+    #: False for a bidirectional encoder (every query attends every key: the whole square)
+    causal: bool = True
+    #: a vision encoder in front of the language model (LLaVA-style: a ViT whose patch tokens a two-layer MLP
+    #: projects into the language model's sequence), run on the first pipeline stage with the embedding
+    #: (Megatron-Core's LLaVA model); 0 layers = none. ``vision_tokens``: tokens one image becomes in the encoder
+    #: ((image_size / patch_size)^2, + 1 with a class token); ``vision_images``: images per training sample
+    vision_layers: int = 0
+    vision_hidden_size: int = 0
+    vision_ffn_hidden_size: int = 0
+    vision_heads: int = 0
+    vision_tokens: int = 0
+    vision_images: int = 0
     source: str = ""
 
     # ----- derived shapes -------------------------------------------------------------------------------------
@@ -183,6 +195,17 @@ class ModelSpec:
     @property
     def num_second_kind(self) -> int:
         return sum(self.second_kind)
+
+    @property
+    def vision_encoder(self) -> "ModelSpec | None":
+        """The vision encoder as a model of its own (a bidirectional ViT: LayerNorm, GELU MLP, biases), or None."""
+        if not self.vision_layers:
+            return None
+        return ModelSpec(name=f"{self.name}-vision", model_type="vit", hidden_size=self.vision_hidden_size,
+                         ffn_hidden_size=self.vision_ffn_hidden_size, num_layers=self.vision_layers,
+                         num_heads=self.vision_heads, num_kv_heads=self.vision_heads, vocab_size=1,
+                         max_seq_len=self.vision_tokens, gated_mlp=False, norm="layernorm", linear_bias=True,
+                         mlp_bias=True, causal=False)
 
     @property
     def is_mla(self) -> bool:
@@ -325,6 +348,8 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
     model_type = f.str("model_type")
     name = f.str("name", default_name) if "name" in f.data else default_name
     src = f.data.get("source", "") if isinstance(f.data.get("source", ""), str) else ""
+    if model_type == "llava":
+        return _llava(f, name, src, source)
     if model_type in NESTED_TEXT_CONFIG:  # a multimodal checkpoint: the language model's own config
         text = f.data.get("text_config")
         if isinstance(text, dict):
@@ -463,6 +488,31 @@ def _gpt_like(f: "_Fields", model_type: str, name: str, src: str) -> ModelSpec:
                      else 0, attention_pattern="L" * layers if window else "", source=src)
 
 
+def _llava(f: "_Fields", name: str, src: str, source: str) -> ModelSpec:
+    """LLaVA (transformers' ``LlavaConfig``): the language model of ``text_config`` (its own ``model_type``, Llama by
+    default) behind a CLIP vision tower (``vision_config``: CLIPVisionConfig's defaults where a field is absent,
+    as transformers fills them: 12 layers of 768, 3072 MLP, 12 heads, 224-pixel images in 32-pixel patches) whose
+    patch tokens, (image / patch)^2 plus the class token, a two-layer MLP projects (``projector_hidden_act`` GELU).
+    One image per sample."""
+    text = f.data.get("text_config")
+    vision = f.data.get("vision_config")
+    if not isinstance(text, dict) or not isinstance(vision, dict):
+        raise PlannerError("a llava config needs text_config and vision_config objects", source=source,
+                           field="text_config", fix="pass the checkpoint's config.json")
+    spec = model_from_config({"model_type": "llama", **text, "name": name, "source": src}, source=source,
+                             default_name=name)
+    v = _Fields(vision, f"{source}: vision_config")
+    image, patch = v.int("image_size", default=224), v.int("patch_size", default=32)
+    if image % patch:
+        raise PlannerError(f"image_size {image} is not a multiple of patch_size {patch}", source=v.source,
+                           field="patch_size")
+    return spec.with_(model_type="llava", vision_layers=v.int("num_hidden_layers", default=12),
+                      vision_hidden_size=v.int("hidden_size", default=768),
+                      vision_ffn_hidden_size=v.int("intermediate_size", default=3072),
+                      vision_heads=v.int("num_attention_heads", default=12),
+                      vision_tokens=(image // patch) ** 2 + 1, vision_images=1)
+
+
 def _sliding_window(f: "_Fields", model_type: str, layers: int, global_every: int = 0) -> tuple[int, int, str]:
     """(window, layers that use it) from a config.json: ``layer_types`` counts the "sliding_attention" layers
     (transformers' convention, gpt-oss and Gemma 3 write it); without it Mistral applies ``sliding_window`` to every
@@ -523,6 +573,11 @@ def validate_model(spec: ModelSpec, source: str) -> None:
         raise PlannerError(f"attention_pattern must hold one L (sliding window) or G (global) per layer, "
                            f"{spec.sliding_window_layers} L of {spec.num_layers}", source=source,
                            field="attention_pattern")
+    if spec.vision_layers and (not spec.vision_heads or spec.vision_hidden_size % spec.vision_heads
+                               or not spec.vision_tokens or not spec.vision_images):
+        raise PlannerError(f"vision encoder: hidden size {spec.vision_hidden_size} must split into "
+                           f"{spec.vision_heads} heads, with tokens and images per sample > 0", source=source,
+                           field="vision_config")
     if spec.first_k_dense_layers > spec.num_layers:
         raise PlannerError("first_k_dense_replace is larger than num_hidden_layers", source=source,
                            field="first_k_dense_replace")
