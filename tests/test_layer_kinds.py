@@ -203,3 +203,21 @@ def test_exporters_refuse_a_vision_language_plan():
     for target in ("megatron", "torchtitan", "deepspeed", "nemo"):
         with pytest.raises(PlannerError, match="vision encoder"):
             emit(d, target)
+
+
+def test_plan_cli_plans_a_vlm_under_the_default_stack_and_emit_says_why_not(tmp_path):
+    """The default stack (Megatron-Core) runs LLaVA-style models, so `plan` answers; `--emit` refuses before
+    searching, naming the reason, with a non-zero exit."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAVA_13B))
+    base = ["plan", "--model", str(path), "--cluster", "h100-80gb-sxm", "--gpus", "32", "--global-batch", "128",
+            "--seq-len", "4096", "--pp", "8", "--tp", "4", "--top", "0"]
+    r = CliRunner().invoke(app, base + ["--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["parallelism"]["pp"] == 8
+    r = CliRunner().invoke(app, base + ["--emit", "megatron"])
+    assert r.exit_code != 0 and "vision encoder" in r.output and "Traceback" not in r.output

@@ -115,6 +115,12 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     from planner.plan import search_plans
     from planner.search.engine import objective_key
 
+    vision = bool(getattr(model, "vision_layers", 0))
+    if vision and option == "--emit":  # no exporter writes a vision-language model: say so before searching
+        raise PlannerError(f"{target} configs cannot be written for a vision encoder in front of the language model "
+                           "(Megatron-LM trains such models through examples/multimodal, Megatron-Bridge through its "
+                           "VLM recipes)", source=f"--emit {target}",
+                           fix="plan without --emit and carry the degrees and layer split into the multimodal launcher")
     check_model = getattr(target_module(target, option), "check_model", None)
     if check_model is not None:  # a launcher that runs only the models it ships: refuse before searching
         check_model(model.name, option)
@@ -140,7 +146,8 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                 fixes.append(e.fix)
                 break  # the refinement only changes a found plan; nothing fits this space
             try:
-                export(plan, target)
+                if not vision:  # the stack runs VLMs (its multimodal path); only the exporters do not write them
+                    export(plan, target)
             except PlannerError as e:
                 refused.append(e.reason)
                 continue  # refused (per-stage recompute, an uneven split): retry with the even split
