@@ -224,13 +224,11 @@ def plan(
             dyn = best_dynamic(spec, hw, search_all(dynamic_constraints(constraints)), dist, max_seqlen_per_rank)
         data = data_section(dist, packing, aware[0], dyn, layout_label)
         if dyn is not None and emit is not None and data["dynamic_cp"]["gain_over_best_static"] > 1:
-            from planner.cost.variable_length import packed_estimate
             from planner.plan import plan_dict
 
-            cfg_dyn = dyn[0]
-            static_dyn = packed_estimate(spec, hw, cfg_dyn, dist, check=False)
+            cfg_dyn, dyn_estimate = dyn  # its static estimate over the same packed data is already there
             data["dynamic_cp"]["exported"] = True
-            emitted = {**plan_dict(spec, hw.name, cfg_dyn, static_dyn.estimate), "data": data}
+            emitted = {**plan_dict(spec, hw.name, cfg_dyn, dyn_estimate.static.estimate), "data": data}
     for warning in request_warnings(spec, result.config):
         err(f"warning: {warning}")
     if emit is not None:

@@ -503,6 +503,17 @@ def _param_counts(model: ModelSpec, tp: int, ep: int, etp: int, seq_len: int, nu
     return per_layer, gathered, ends
 
 
+@lru_cache(maxsize=256)
+def _second_kind_before(model: ModelSpec, layers: int) -> np.ndarray:
+    """Second-kind layers (``ModelSpec.second_kind``) before each position 0..layers, memoized per model; a layout
+    holding more layers than the model (the partition's probes) repeats the last layer's kind."""
+    kind = list(model.second_kind)
+    kind += kind[-1:] * max(0, layers - len(kind))
+    out = np.concatenate([[0], np.cumsum(kind, dtype=np.int64)])
+    out.setflags(write=False)
+    return out
+
+
 @lru_cache(maxsize=4096)
 def _send_s(model: ModelSpec, cluster: Cluster, tp: int, cp: int, mb: int, seq_len: int, sp: bool,
             spans_nodes: bool) -> float:
@@ -548,11 +559,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     n_stages = len(layers)
     n = np.asarray(layers, dtype=float)
     first = np.asarray(starts, dtype=np.int64)
-    # second-kind layers before position i; a layout holding more layers than the model (the partition's probes)
-    # repeats the last layer's kind
-    kind = list(model.second_kind)
-    kind += kind[-1:] * max(0, int(sum(layers)) - len(kind))
-    second_before = np.concatenate([[0], np.cumsum(kind, dtype=np.int64)])
+    second_before = _second_kind_before(model, int(sum(layers)))
 
     def second_in(count):  # second-kind layers among each chunk's first ``count`` layers
         return (second_before[first + np.asarray(count, dtype=np.int64)] - second_before[first]).astype(float)

@@ -94,10 +94,11 @@ def packed_estimate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, dist: Se
     and the data-parallel wait for the rank whose packed sequences hold the most attention work
     (``packed_attention_cv`` -> ``data_parallel.packed_wait_s``, in the step's breakdown as ``dp_imbalance_s``)."""
     fixed = estimate(model, cluster, cfg.with_(packed_doc_len=0.0, packed_attention_cv=0.0), check=check)
-    lsq = dist.packed_doc_len(cfg.seq_len)
-    est = estimate(model, cluster, packed_config(cfg, dist), check=False)
+    packed = packed_config(cfg, dist)
+    est = estimate(model, cluster, packed, check=False)
     return LengthAwareEstimate(estimate=est, fixed=fixed, packing=True, mean_len=dist.split_at(cfg.seq_len).mean_len,
-                               packed_doc_len=lsq, imbalance_s=est.breakdown.get("dp_imbalance_s", 0.0),
+                               packed_doc_len=packed.packed_doc_len,
+                               imbalance_s=est.breakdown.get("dp_imbalance_s", 0.0),
                                useful_token_share=1.0)
 
 
@@ -127,7 +128,7 @@ def unpacked_estimate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, dist: 
     fixed = estimate(model, cluster, cfg, check=check)
     lengths, shares = padded_lengths(dist, cfg.seq_len, cfg.micro_batch_size)
     align = 2 * cfg.cp if cfg.cp > 1 else 1
-    step = mflops = 0.0
+    step = 0.0
     breakdown: dict[str, float] = {}
     peak_est = None
     for L, w in zip(lengths.tolist(), shares.tolist()):

@@ -166,7 +166,8 @@ LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "etp", "tpo", "fa", "epo")
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
     tp, cp = space.col("tp"), space.col("cp")
     pp, vpp, ep, etp = space.col("pp"), space.col("vpp"), space.col("ep"), space.col("etp")
-    n_moe = model.num_second_kind  # MoE layers, or sliding-window ones (ModelSpec.second_kind)
+    second_kind = model.second_kind
+    n_moe = sum(second_kind)  # MoE layers, or sliding-window ones (ModelSpec.second_kind)
     # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
     uniq_layers, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
     keys = layer_key_batch(space, uniq_layers)
@@ -199,7 +200,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     picks = {k: np.zeros((len(uniq), n_picks)) for k in ("n", "nm", "emb", "head", "infl")}
     for u, (si, p, m, v) in enumerate(uniq.tolist()):
         sched = SCHEDULES[space.schedules[si]]
-        nd, nm, _, emb, head = _rank_layout(space.schedules[si], L, p, v, model.second_kind)
+        nd, nm, _, emb, head = _rank_layout(space.schedules[si], L, p, v, second_kind)
         infl = [sched.inflight(p, m, v, r) for r in range(p)]
         n = [a + b for a, b in zip(nd, nm)]
         ranks = (0, p - 1, max(range(p), key=lambda r: (n[r] * infl[r], -r)), max(range(p), key=lambda r: (n[r], -r)))
@@ -234,7 +235,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=emb_p, head_params=head_p,
-        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies, second_kind=model.second_kind,
+        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies,
+        second_kind=second_kind,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
         layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),

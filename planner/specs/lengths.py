@@ -44,9 +44,6 @@ class SeqLenDist:
         return isinstance(other, SeqLenDist) and np.array_equal(self.lengths, other.lengths) and \
             np.allclose(self.weights, other.weights)
 
-    def __hash__(self):
-        return hash((tuple(self.lengths.tolist()), tuple(np.round(self.weights, 15).tolist())))
-
     @property
     def max_len(self) -> int:
         return int(self.lengths[-1])
