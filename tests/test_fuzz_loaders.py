@@ -220,8 +220,10 @@ def test_shipped_files_load() -> None:
         assert load_cluster(p.stem).name == load_cluster(str(p)).name
 
 
-_NUMERIC_HOSTILE = [math.nan, math.inf, -math.inf, 10**400, -(10**400), 1e308, 1e300, -1, 0, 2.5, True, "8", None,
-                    [], {}]
+#: 2**31 - 1, the largest integer a config may hold: as a layer count it once built per-layer tables of 2**31
+#: entries (a 24 GB allocation), so it stands here beside the non-numbers
+_NUMERIC_HOSTILE = [math.nan, math.inf, -math.inf, 10**400, -(10**400), 1e308, 1e300, 2**31 - 1, -1, 0, 2.5, True,
+                    "8", None, [], {}]
 
 
 @pytest.mark.parametrize("path", MODEL_FILES + PROFILE_FILES, ids=lambda p: p.name)

@@ -45,6 +45,10 @@ NESTED_TEXT_CONFIG = ("gemma3", "llama4")
 #: largest integer accepted in a config.json: int32, the type frameworks store shapes in; larger values are typos
 #: and would overflow the cost model's float arithmetic
 MAX_CONFIG_INT = 2**31 - 1
+#: most decoder layers a config may declare: the deepest published decoders hold a few hundred (GPT-3 96, Llama 3.1
+#: 405B 126, Nemotron-H 56B 118); the cost model keeps per-layer tables (kinds by position, the partition DP's
+#: L x L grid), so a layer count of millions is a typo that would otherwise exhaust memory before any check
+MAX_LAYERS = 4096
 #: largest JSON file read (specs, profiles and plans are kilobytes; anything this big is a wrong path)
 MAX_JSON_FILE_BYTES = 64 * 2**20
 
@@ -309,7 +313,7 @@ class _Fields:
         self.data = data
         self.source = source
 
-    def int(self, *keys: str, default: int | None = None, minimum: int = 1) -> int:
+    def int(self, *keys: str, default: int | None = None, minimum: int = 1, maximum: int = MAX_CONFIG_INT) -> int:
         for key in keys:
             if key in self.data and self.data[key] is not None:
                 value = self.data[key]
@@ -318,8 +322,8 @@ class _Fields:
                     raise PlannerError(f"must be an integer, got {value!r}", source=self.source, field=key)
                 if value < minimum:
                     raise PlannerError(f"must be >= {minimum}, got {value}", source=self.source, field=key)
-                if value > MAX_CONFIG_INT:
-                    raise PlannerError(f"must be <= {MAX_CONFIG_INT}, got {value}", source=self.source, field=key,
+                if value > maximum:
+                    raise PlannerError(f"must be <= {maximum}, got {value}", source=self.source, field=key,
                                        fix="no real model shape is this large")
                 return int(value)
         if default is not None:
@@ -362,7 +366,8 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
         spec = ModelSpec(
             name=name, model_type=model_type, hidden_size=h,
             ffn_hidden_size=f.int("n_inner", "intermediate_size", default=4 * h),
-            num_layers=f.int("n_layer", "num_hidden_layers"), num_heads=heads, num_kv_heads=heads,
+            num_layers=f.int("n_layer", "num_hidden_layers", maximum=MAX_LAYERS), num_heads=heads,
+            num_kv_heads=heads,
             vocab_size=f.int("vocab_size"), max_seq_len=f.int("n_positions", "max_position_embeddings"),
             tied_embeddings=f.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
             learned_positions=True, linear_bias=True, mlp_bias=True, dropout=f.bool("dropout", True), source=src,
@@ -371,7 +376,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
         rules = FAMILY_RULES.get(model_type, {})
         heads = f.int("num_attention_heads")
         h = f.int("hidden_size")
-        layers = f.int("num_hidden_layers")
+        layers = f.int("num_hidden_layers", maximum=MAX_LAYERS)
         num_experts = f.int("num_local_experts", "n_routed_experts", "num_experts", default=0, minimum=0)
         moe_ffn = shared = 0
         dense_ffn = f.int("intermediate_size_mlp", "intermediate_size")  # Llama 4: the dense layers' width
@@ -451,13 +456,13 @@ def _gpt_like(f: "_Fields", model_type: str, name: str, src: str) -> ModelSpec:
             raise PlannerError(f"must be a positive number, got {ratio!r}", source=f.source, field="expansion_ratio")
         no_bias = f.bool("no_bias", True)
         return ModelSpec(name=name, model_type=model_type, hidden_size=h, ffn_hidden_size=int(ratio * h),
-                         num_layers=f.int("n_layers"), num_heads=heads, num_kv_heads=heads,
+                         num_layers=f.int("n_layers", maximum=MAX_LAYERS), num_heads=heads, num_kv_heads=heads,
                          vocab_size=f.int("vocab_size"), max_seq_len=f.int("max_seq_len", default=2048),
                          tied_embeddings=True, gated_mlp=False, norm="rmsnorm" if no_bias else "layernorm",
                          linear_bias=not no_bias, mlp_bias=not no_bias, source=src)
     h = f.int("hidden_size")
     heads = f.int("num_attention_heads", "n_head")
-    layers = f.int("num_hidden_layers", "n_layer")
+    layers = f.int("num_hidden_layers", "n_layer", maximum=MAX_LAYERS)
     if model_type == "falcon":
         if f.bool("new_decoder_architecture", False):
             kv = f.int("num_kv_heads", default=heads)
@@ -506,7 +511,7 @@ def _llava(f: "_Fields", name: str, src: str, source: str) -> ModelSpec:
     if image % patch:
         raise PlannerError(f"image_size {image} is not a multiple of patch_size {patch}", source=v.source,
                            field="patch_size")
-    return spec.with_(model_type="llava", vision_layers=v.int("num_hidden_layers", default=12),
+    return spec.with_(model_type="llava", vision_layers=v.int("num_hidden_layers", default=12, maximum=MAX_LAYERS),
                       vision_hidden_size=v.int("hidden_size", default=768),
                       vision_ffn_hidden_size=v.int("intermediate_size", default=3072),
                       vision_heads=v.int("num_attention_heads", default=12),
