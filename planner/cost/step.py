@@ -209,17 +209,12 @@ def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: c
     return np.where(has_tp, fwd, 0.0), np.where(has_tp, bwd, 0.0)
 
 
-def kind_of(model: ModelSpec, second: bool) -> tuple[bool, bool | None]:
-    """(moe, window) of the model's first (``second`` False) or second kind of decoder layer
-    (``ModelSpec.second_kind``): dense and MoE layers in a MoE model; global and sliding-window layers in a dense
-    model with ``positional_windows``; otherwise one kind, its attention the model's average."""
-    if model.positional_windows:
-        return False, bool(second)
-    return bool(second), None
-
-
-def has_second_kind(model: ModelSpec) -> bool:
-    return model.is_moe or model.positional_windows
+def kind_of(model: ModelSpec, kind: int) -> tuple[bool, bool | None]:
+    """(moe, window) of the model's kind ``kind`` of decoder layer (``ModelSpec.layer_kinds``: dense and MoE layers
+    in a MoE model; global and sliding-window layers in a dense model with ``positional_windows``; otherwise one
+    kind, its attention the model's average), as :func:`layer_costs` takes them."""
+    k = model.layer_kinds[int(kind)]
+    return k.moe, k.window
 
 
 def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, moe: bool,
@@ -283,18 +278,18 @@ class OffloadCost:
     bwd_exposed_s: float
 
 
-def offload_costs(model: ModelSpec, cluster: Cluster, cfg: RunConfig, dense: LayerCost, moe: LayerCost) -> OffloadCost:
+def offload_costs(model: ModelSpec, cluster: Cluster, cfg: RunConfig, kinds: list[LayerCost]) -> OffloadCost:
     """Megatron-Core's CPU activation offloading (``cpu_offloading_num_layers``, activations only): the first k
     layers' saved activations are copied to host memory as each layer's forward ends and copied back ahead of its
     backward, on a side stream, one layer in flight. Device memory keeps one offloaded layer's activations (the
     one in transfer) instead of k; each transfer, bytes / host-link bandwidth, hides under the next layer's forward
     (the previous layer's backward), and what exceeds that layer's time is exposed. Offloaded layers are the first
-    ones (their kinds by position: dense before MoE where the model has leading dense layers)."""
-    k = cfg.offload_layers
-    n_dense = k - sum(model.second_kind[:k])  # the first kind among the first k layers (all of them but MoE's)
+    ones (their kinds by position, ``ModelSpec.kind_index``: dense before MoE where the model has leading dense
+    layers); ``kinds``: the costs of each kind of layer."""
+    first_k = model.kind_index[:cfg.offload_layers]
     saved = fwd = bwd = 0.0
     kept = 0.0
-    for count, lc in ((n_dense, dense), (k - n_dense, moe)):
+    for count, lc in ((first_k.count(k), lc) for k, lc in enumerate(kinds)):
         if count <= 0:
             continue
         act = float(lc.act_bytes)
@@ -420,14 +415,14 @@ class LayerCostCache:
                           cfg.fused_cross_entropy, cfg.packed_doc_len, cfg.offload_modules)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
-              second: bool) -> LayerCost:
-        """The model's first or ``second`` kind of layer (:func:`kind_of`)."""
-        moe, window = kind_of(model, second)
-        return self._get(model, cluster, self._key(cfg) + (bool(second),),
+              kind: int) -> LayerCost:
+        """The model's kind ``kind`` of layer (:func:`kind_of`)."""
+        moe, window = kind_of(model, kind)
+        return self._get(model, cluster, self._key(cfg) + (int(kind),),
                          lambda: _floats(layer_costs(model, cluster, cfg, groups, moe, window)))
 
     def end(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups) -> EndCost:
-        block = self.layer(model, cluster, cfg, groups, model.is_moe) if model.mtp_layers else None
+        block = self.layer(model, cluster, cfg, groups, mtp_kind(model)) if model.mtp_layers else None
         return self._get(model, cluster, self._key(cfg) + ("end",),
                          lambda: _floats(end_costs(model, cluster, cfg, groups, block)))
 
@@ -436,18 +431,22 @@ class LayerCostCache:
         must be that row's: the search computes its layer keys' costs in one batch and seeds the rows it
         evaluates exactly."""
         key = self._key(cfg)
-        for tag, arrays in ((False, costs.dense), (True, costs.moe), ("end", costs.ends)):
+        for tag, arrays in (*enumerate(costs.kinds), ("end", costs.ends)):
             if arrays is not None:
                 self._get(model, cluster, key + (tag,), lambda arrays=arrays: _floats(arrays, i))
 
 
+def mtp_kind(model: ModelSpec) -> int:
+    """The kind of decoder layer a multi-token-prediction module repeats: the model's last layer's."""
+    return model.kind_index[-1]
+
+
 @dataclass(frozen=True)
 class BatchCosts:
-    """Layer costs of the model's first and (where it has one) second kind of layer (:func:`kind_of`: dense and MoE,
-    or global and sliding-window attention), and the end costs, of every configuration of a batch."""
+    """Layer costs of each of the model's kinds of layer (:func:`kind_of`: dense and MoE, or global and
+    sliding-window attention), and the end costs, of every configuration of a batch."""
 
-    dense: LayerCost
-    moe: LayerCost | None
+    kinds: tuple[LayerCost, ...]  # per ``ModelSpec.layer_kinds``
     ends: EndCost
     groups: comm.Groups  # the process groups they were costed over (``comm.groups_for`` with dp = pp = 1)
 
@@ -456,10 +455,9 @@ def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> Batch
     """:func:`layer_costs` and :func:`end_costs` of a batch in one pass, its groups placed by
     ``comm.groups_for``."""
     groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
-    dense = layer_costs(model, cluster, batch, groups, *kind_of(model, False))
-    moe = layer_costs(model, cluster, batch, groups, *kind_of(model, True)) if has_second_kind(model) else None
-    return BatchCosts(dense=dense, moe=moe, groups=groups,
-                      ends=end_costs(model, cluster, batch, groups, moe if model.is_moe else dense))
+    kinds = tuple(layer_costs(model, cluster, batch, groups, *kind_of(model, k))
+                  for k in range(len(model.layer_kinds)))
+    return BatchCosts(kinds=kinds, groups=groups, ends=end_costs(model, cluster, batch, groups, kinds[mtp_kind(model)]))
 
 
 #: the cost model's memo of single configurations' layer costs (filled by estimate() and the search)
@@ -467,10 +465,10 @@ LAYER_COSTS = LayerCostCache()
 
 
 def _layer_cost(model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
-                second: bool) -> LayerCost:
-    """:func:`layer_costs` of the model's first or ``second`` kind of layer in one configuration, as floats
-    (memoized in :data:`LAYER_COSTS`)."""
-    return LAYER_COSTS.layer(model, cluster, cfg, groups, second)
+                kind: int) -> LayerCost:
+    """:func:`layer_costs` of the model's kind ``kind`` of layer in one configuration, as floats (memoized in
+    :data:`LAYER_COSTS`)."""
+    return LAYER_COSTS.layer(model, cluster, cfg, groups, kind)
 
 
 def stage_layers(model: ModelSpec, cfg: RunConfig) -> tuple[int, ...]:
@@ -496,20 +494,23 @@ def estimate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *, check: bool 
 def _param_counts(model: ModelSpec, tp: int, ep: int, etp: int, seq_len: int, num_stages: int):
     """One configuration's per-GPU parameter counts as floats (``memory.layer_params_on_gpu``,
     ``gathered_layer_params``, ``end_params_on_gpu``), memoized on what they read."""
-    kinds = (False, True) if model.is_moe else (False,)
-    per_layer = {moe: tuple(float(x) for x in layer_params_on_gpu(model, tp, ep, moe, etp)) for moe in kinds}
-    gathered = {moe: float(gathered_layer_params(model, tp, ep, moe, etp)) for moe in kinds}
+    kinds = [k.moe for k in model.layer_kinds]
+    per_layer = [tuple(float(x) for x in layer_params_on_gpu(model, tp, ep, moe, etp)) for moe in kinds]
+    gathered = [float(gathered_layer_params(model, tp, ep, moe, etp)) for moe in kinds]
     ends = tuple(float(x) for x in end_params_on_gpu(model, seq_len, tp, num_stages, ep, etp))
     return per_layer, gathered, ends
 
 
 @lru_cache(maxsize=256)
-def _second_kind_before(model: ModelSpec, layers: int) -> np.ndarray:
-    """Second-kind layers (``ModelSpec.second_kind``) before each position 0..layers, memoized per model; a layout
-    holding more layers than the model (the partition's probes) repeats the last layer's kind."""
-    kind = list(model.second_kind)
+def kinds_before(model: ModelSpec, layers: int) -> np.ndarray:
+    """Layers of each kind (``ModelSpec.kind_index``) before each position 0..layers, shape (kinds, layers + 1),
+    memoized per model; a layout holding more layers than the model (the partition's probes) repeats the last
+    layer's kind."""
+    kind = list(model.kind_index)
     kind += kind[-1:] * max(0, layers - len(kind))
-    out = np.concatenate([[0], np.cumsum(kind, dtype=np.int64)])
+    onehot = np.asarray(kind)[None, :] == np.arange(len(model.layer_kinds))[:, None]
+    out = np.concatenate([np.zeros((len(onehot), 1), dtype=np.int64), np.cumsum(onehot, axis=1, dtype=np.int64)],
+                         axis=1)
     out.setflags(write=False)
     return out
 
@@ -533,8 +534,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     gpu = cluster.gpu
     p, v, m, dp = cfg.pp, cfg.vpp, cfg.num_microbatches, cfg.dp
     groups = _groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep, cfg.expert_tp)
-    dense = _layer_cost(model, cluster, cfg, groups, second=False)
-    moe = _layer_cost(model, cluster, cfg, groups, second=True) if has_second_kind(model) else dense
+    kind_costs = [_layer_cost(model, cluster, cfg, groups, k) for k in range(len(model.layer_kinds))]
     ends = LAYER_COSTS.end(model, cluster, cfg, groups)
     layers = stage_layers(model, cfg)
     starts = [0, *itertools.accumulate(layers)][:-1]
@@ -552,32 +552,28 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     per_layer_params, gathered, (emb_params, head_params_gpu) = _param_counts(model, cfg.tp, cfg.ep, cfg.expert_tp,
                                                                               cfg.seq_len, cfg.num_stages)
 
-    is_moe_model, two_kinds = model.is_moe, has_second_kind(model)
     # --- each model chunk j's work per micro-batch, over all chunks at once: its layers of each kind (dense / MoE,
-    # or global / sliding-window attention, by position: ModelSpec.second_kind), the layers fully recomputed (a
+    # or global / sliding-window attention, by position: ModelSpec.kind_index), the layers fully recomputed (a
     # chunk's first ones), its pipeline sends, the embedding (chunk 0), the LM head (last)
     n_stages = len(layers)
     n = np.asarray(layers, dtype=float)
     first = np.asarray(starts, dtype=np.int64)
-    second_before = _second_kind_before(model, int(sum(layers)))
+    before = kinds_before(model, int(sum(layers)))
 
-    def second_in(count):  # second-kind layers among each chunk's first ``count`` layers
-        return (second_before[first + np.asarray(count, dtype=np.int64)] - second_before[first]).astype(float)
+    def kind_in(k, count):  # kind-k layers among each chunk's first ``count`` layers
+        return (before[k, first + np.asarray(count, dtype=np.int64)] - before[k, first]).astype(float)
 
-    n_moe = second_in(layers) if two_kinds else np.zeros(n_stages)
     n_full = np.zeros(n_stages)
     if cfg.recompute == "full":
         n_full = n if cfg.recompute_num_layers is None else np.minimum(n, cfg.recompute_num_layers)
         if cfg.recompute_layers_per_stage is not None:  # AdaPipe-style depth per stage
             n_full = np.minimum(n, np.asarray(cfg.recompute_layers_per_stage, dtype=float))
-    full_second = second_in(n_full) if two_kinds else np.zeros(n_stages)
     selective = cfg.recompute == "selective"
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
                                          "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb", "attn")}
     workspace_j, largest_j = np.zeros(n_stages), np.zeros(n_stages)
-    kinds = ((n - n_moe, n_full - full_second, dense, False),) + \
-        (((n_moe, full_second, moe, is_moe_model),) if two_kinds else ())
-    for count, full_here, lc, is_moe in kinds:
+    for k, lc in enumerate(kind_costs):
+        count, full_here = kind_in(k, n), kind_in(k, n_full)
         sel = count * lc.selective_recompute_s if selective else 0.0
         q["fwd"] += count * lc.fwd_total_s
         q["bwd_in"] += count * lc.bwd_input_total_s
@@ -598,12 +594,12 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         recomputing = (full_here > 0) | (selective and not cfg.flash_attention)  # the layer being recomputed
         workspace_j = np.maximum(workspace_j, np.where(present & recomputing, lc.act_none_bytes, 0.0))
         workspace_j = np.maximum(workspace_j, np.where(present, lc.buffer_bytes, 0.0))
-        dense_pl, expert_pl = per_layer_params[is_moe]
+        dense_pl, expert_pl = per_layer_params[k]
         q["expert_params"] += count * expert_pl
         q["dense_params"] += count * dense_pl
-        largest_j = np.maximum(largest_j, np.where(present, gathered[is_moe], 0.0))
+        largest_j = np.maximum(largest_j, np.where(present, gathered[k], 0.0))
     if cfg.offload_layers:  # pp = 1 (validity): one chunk holds every layer
-        offloaded = offload_costs(model, cluster, cfg, dense, moe)
+        offloaded = offload_costs(model, cluster, cfg, kind_costs)
         q["act"][0] -= offloaded.saved_bytes
         q["fwd"][0] += offloaded.fwd_exposed_s
         q["bwd_in"][0] += offloaded.bwd_exposed_s

@@ -148,9 +148,10 @@ class GroupTables:
     head_params: np.ndarray  # on one GPU (rank p-1)
     dp_shard: np.ndarray
     expert_dp_shard: np.ndarray
-    second_kind: tuple[bool, ...]  # per layer: of the second kind (MoE / sliding window; ModelSpec.second_kind)
+    kind_index: tuple[int, ...]  # per layer, its kind (ModelSpec.kind_index)
+    memory_class: tuple[int, ...]  # per kind, 0 or 1: the class its memory counts in (``memory_classes``)
     optimizer_s_per_param: float  # optimizer step time per local parameter
-    layer_s: np.ndarray  # (groups, 6): one dense layer's F, B, W and one MoE layer's F, B, W (incl. exposed comm)
+    layer_s: np.ndarray  # (groups, 3 kinds): one layer of each kind's F, B, W (incl. exposed comm)
     ends_s: np.ndarray  # (groups, 5): embedding F, embedding W (its backward), LM head F, B, W
     p2p_s: np.ndarray  # one pipeline send (0 without PP)
     layer_keys: np.ndarray  # the distinct layer keys (columns LAYER_KEY) the per-key tables are indexed by
@@ -166,8 +167,8 @@ LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "etp", "tpo", "fa", "epo")
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
     tp, cp = space.col("tp"), space.col("cp")
     pp, vpp, ep, etp = space.col("pp"), space.col("vpp"), space.col("ep"), space.col("etp")
-    second_kind = model.second_kind
-    n_moe = sum(second_kind)  # MoE layers, or sliding-window ones (ModelSpec.second_kind)
+    kind_index, mem_class = model.kind_index, memory_classes(model)
+    n_moe = sum(mem_class[k] for k in kind_index)  # layers of the second memory class (MoE, or sliding window)
     # ---- per-layer costs per distinct layer key, through the cost model's batch functions --------------------------
     uniq_layers, layer_key = _unique_rows(*(space.col(k) for k in LAYER_KEY))
     keys = layer_key_batch(space, uniq_layers)
@@ -200,9 +201,10 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     picks = {k: np.zeros((len(uniq), n_picks)) for k in ("n", "nm", "emb", "head", "infl")}
     for u, (si, p, m, v) in enumerate(uniq.tolist()):
         sched = SCHEDULES[space.schedules[si]]
-        nd, nm, _, emb, head = _rank_layout(space.schedules[si], L, p, v, second_kind)
+        counts, _, emb, head = _rank_layout(space.schedules[si], L, p, v, kind_index, len(mem_class))
         infl = [sched.inflight(p, m, v, r) for r in range(p)]
-        n = [a + b for a, b in zip(nd, nm)]
+        n = [sum(c) for c in zip(*counts)]
+        nm = [sum(c for c, cls in zip(cs, mem_class) if cls) for cs in zip(*counts)]
         ranks = (0, p - 1, max(range(p), key=lambda r: (n[r] * infl[r], -r)), max(range(p), key=lambda r: (n[r], -r)))
         if n_moe:  # the ranks with the most MoE layers (in flight), whose experts dominate their memory
             ranks += (max(range(p), key=lambda r: (nm[r] * infl[r], n[r] * infl[r], -r)),
@@ -236,17 +238,24 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
         embedding_params=emb_p, head_params=head_p,
         dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies,
-        second_kind=second_kind,
+        kind_index=kind_index, memory_class=mem_class,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
-        layer_s=PerKey(np.stack([tab[k] for k in ("fd", "bd", "wd", "fm", "bm", "wm")], axis=1), layer_key),
+        layer_s=PerKey(np.stack([tab[f"{x}{k}"] for k in range(len(model.layer_kinds)) for x in "fbw"], axis=1),
+                       layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
                       layer_key), p2p_s=p2p, layer_keys=uniq_layers, layer_key=layer_key, layer_costs=costs)
 
 
-#: per-key quantities of ``_layer_tables``
+#: per-key quantities of ``_layer_tables`` (besides each kind k's F, B, W: "f{k}", "b{k}", "w{k}")
 _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none", "act_sel", "act_full", "act_emb",
-                "cp_buf", "fd", "bd", "wd", "fm", "bm", "wm", "emb_f", "emb_w", "head_f", "head_b", "head_w",
-                "act_none_d", "act_none_m", "act_sel_d", "act_sel_m", "head_act")
+                "cp_buf", "emb_f", "emb_w", "head_f", "head_b", "head_w", "head_act")
+
+
+def memory_classes(model: ModelSpec) -> tuple[int, ...]:
+    """Per kind of layer (``ModelSpec.layer_kinds``), the class the memory bounds count it in: 0 the first kind, 1
+    the second (MoE layers, whose experts the expert-parallel tables shard, or sliding-window ones). The bounds
+    keep one parameter and activation size per class, the least of its kinds' (a floor)."""
+    return tuple(min(k, 1) for k in range(len(model.layer_kinds)))
 
 
 def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective") -> ConfigBatch:
@@ -272,22 +281,22 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
     placed = (replace(costs.groups, pp_spans_nodes=spans) for spans in (False, True))
     sends = tuple(np.broadcast_to(pipeline_send_s(model, cluster, batch, groups, 2), (len(batch),))
                   for groups in placed)
-    return _compose_tables(model, costs.dense, costs.moe, costs.ends, len(batch)), sends
+    return _compose_tables(model, costs.kinds, costs.ends, len(batch)), sends
 
 
-def _compose_tables(model: ModelSpec, dense: LayerCost, moe: LayerCost | None, ends, n: int) -> dict[str, np.ndarray]:
-    """``_layer_tables`` from one dense and (MoE models) one MoE layer's costs and the end costs, per key."""
-    n_moe = model.num_second_kind  # MoE or sliding-window layers (step.kind_of)
-    n_dense = model.num_layers - n_moe
-    costs = [(n_dense, dense)] + ([(n_moe, moe)] if n_moe else [])
+def _compose_tables(model: ModelSpec, kinds: tuple[LayerCost, ...], ends, n: int) -> dict[str, np.ndarray]:
+    """``_layer_tables`` from each kind of layer's costs and the end costs, per key."""
+    index, mem_class = model.kind_index, memory_classes(model)
     tab = {name: np.zeros(n) for name in _TABLE_NAMES}
     full_min = np.full(n, np.inf)
     act = {"act_none": np.full(n, np.inf), "act_sel": np.full(n, np.inf), "act_full": np.full(n, np.inf)}
-    for (count, lc), kind_ in zip(costs, "dm"):
+    kept = {f"act_{x}_{c}": np.full(n, np.inf) for x in ("none", "sel") for c in "dm"}
+    for k, lc in enumerate(kinds):
+        count = index.count(k)
         f, b = lc.fwd_total_s, lc.bwd_input_total_s  # the composition of step.estimate
-        tab["f" + kind_] = f + tab["f" + kind_]
-        tab["b" + kind_] = b + tab["b" + kind_]
-        tab["w" + kind_] = lc.bwd_weight_s + tab["w" + kind_]
+        tab[f"f{k}"], tab[f"b{k}"], tab[f"w{k}"] = f + np.zeros(n), b + np.zeros(n), lc.bwd_weight_s + np.zeros(n)
+        if not count:
+            continue
         tab["fwd"] = tab["fwd"] + count * f
         tab["bwd_in"] = tab["bwd_in"] + count * b
         tab["bwd_w"] = tab["bwd_w"] + count * lc.bwd_weight_s
@@ -297,16 +306,15 @@ def _compose_tables(model: ModelSpec, dense: LayerCost, moe: LayerCost | None, e
         act["act_none"] = np.minimum(act["act_none"], lc.act_none_bytes)
         act["act_sel"] = np.minimum(act["act_sel"], lc.act_bytes)
         act["act_full"] = np.minimum(act["act_full"], lc.act_full_bytes)
-        tab["act_none_" + kind_] = lc.act_none_bytes + tab["act_none_" + kind_]
-        tab["act_sel_" + kind_] = lc.act_bytes + tab["act_sel_" + kind_]
+        c = "dm"[mem_class[k]]
+        kept["act_none_" + c] = np.minimum(kept["act_none_" + c], lc.act_none_bytes)
+        kept["act_sel_" + c] = np.minimum(kept["act_sel_" + c], lc.act_bytes)
         tab["cp_buf"] = np.maximum(tab["cp_buf"], lc.buffer_bytes)
     tab["full_min"] = full_min
     tab.update(act)
-    if not n_moe:
-        tab["fm"], tab["bm"], tab["wm"] = tab["fd"], tab["bd"], tab["wd"]
-        tab["act_none_m"], tab["act_sel_m"] = tab["act_none_d"], tab["act_sel_d"]
-    if not n_dense:
-        tab["act_none_d"], tab["act_sel_d"] = tab["act_none_m"], tab["act_sel_m"]
+    for x in ("none", "sel"):  # a class no layer is in stands for the other's
+        d, m = kept[f"act_{x}_d"], kept[f"act_{x}_m"]
+        tab[f"act_{x}_d"], tab[f"act_{x}_m"] = np.where(np.isinf(d), m, d), np.where(np.isinf(m), d, m)
     zeros = np.zeros(n)
     tab["emb_f"], tab["emb_w"] = ends.emb_fwd_s + zeros, ends.emb_bwd_s + zeros
     tab["head_f"] = ends.head_fwd_s + ends.head_tp_s + zeros
@@ -359,23 +367,22 @@ def _recompute_s(space: Space, t: GroupTables, g: np.ndarray, rec: np.ndarray) -
 
 
 @lru_cache(maxsize=4096)
-def _rank_layout(schedule: str, num_layers: int, p: int, v: int,
-                 second_kind: tuple[bool, ...]) -> tuple[tuple[int, ...], ...]:
-    """Per rank, under the even split and the schedule's placement of model chunks on ranks: layers of the first
-    kind (dense), of the second (MoE or sliding-window, ``ModelSpec.second_kind``), chunks, whether it holds the
-    first chunk (embedding) and whether it holds the last (LM head)."""
+def _rank_layout(schedule: str, num_layers: int, p: int, v: int, kind_index: tuple[int, ...], n_kinds: int):
+    """Per rank, under the even split and the schedule's placement of model chunks on ranks: its layers of each
+    kind (``ModelSpec.kind_index``; a tuple of per-rank counts per kind), chunks, whether it holds the first chunk
+    (embedding) and whether it holds the last (LM head)."""
     sched = SCHEDULES[schedule]
     counts = even_layer_split(num_layers, p * v)
     starts = [sum(counts[:j]) for j in range(len(counts))]
-    nd, nm, emb, head = [0] * p, [0] * p, [0] * p, [0] * p
+    per_kind = [[0] * p for _ in range(n_kinds)]
+    emb, head = [0] * p, [0] * p
     for r in range(p):
         for j in sched.stages_of(p, v, r):
-            second = sum(second_kind[starts[j]:starts[j] + counts[j]])
-            nd[r] += counts[j] - second
-            nm[r] += second
+            for k in kind_index[starts[j]:starts[j] + counts[j]]:
+                per_kind[k][r] += 1
             emb[r] |= j == 0
             head[r] |= j == p * v - 1
-    return tuple(nd), tuple(nm), (sched.chunks_per_rank(p, v),) * p, tuple(emb), tuple(head)
+    return tuple(map(tuple, per_kind)), (sched.chunks_per_rank(p, v),) * p, tuple(emb), tuple(head)
 
 
 def rank_times(space: Space, t: GroupTables, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -390,16 +397,20 @@ def rank_times(space: Space, t: GroupTables, g: np.ndarray) -> tuple[np.ndarray,
     p, v = space.col("pp")[g], space.col("vpp")[g]
     p_max = int(p.max()) if len(g) else 1
     combos, inv = np.unique(np.stack([space.col("sched")[g], p, v], axis=1), axis=0, return_inverse=True)
-    layout = np.zeros((5, len(combos), p_max))
+    n_kinds = len(t.memory_class)
+    layout = np.zeros((n_kinds + 3, len(combos), p_max))
     for c, (si, pc, vc) in enumerate(combos.tolist()):
-        layout[:, c, :pc] = _rank_layout(space.schedules[si], space.num_layers, pc, vc, t.second_kind)
-    nd, nm, chunks, emb, head = layout[:, inv.reshape(-1)]
-    fd, bd, wd, fm, bm, wm = (col[:, None] for col in t.layer_s[g].T)
+        counts, *rest = _rank_layout(space.schedules[si], space.num_layers, pc, vc, t.kind_index,
+                                     n_kinds)
+        layout[:, c, :pc] = (*counts, *rest)
+    *n_k, chunks, emb, head = layout[:, inv.reshape(-1)]
+    per_kind = t.layer_s[g]  # columns F, B, W of kind 0, then kind 1, ...
     emb_f, emb_w, head_f, head_b, head_w = (col[:, None] for col in t.ends_s[g].T)
     send = t.p2p_s[g][:, None]
-    F = nd * fd + nm * fm + chunks * send + emb * emb_f + head * head_f
-    B = nd * bd + nm * bm + chunks * send + head * head_b
-    W = nd * wd + nm * wm + emb * emb_w + head * head_w
+    F, B, W = (sum(n * per_kind[:, 3 * k + x, None] for k, n in enumerate(n_k)) for x in range(3))
+    F = F + chunks * send + emb * emb_f + head * head_f
+    B = B + chunks * send + head * head_b
+    W = W + emb * emb_w + head * head_w
     return F, B, W
 
 

@@ -35,7 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost.schedule import get_schedule
-from planner.cost.step import estimate
+from planner.cost.step import estimate, kinds_before
 from planner.cost.validity import config_problems
 from planner.specs.config import RunConfig, even_layer_split
 from planner.specs.hardware import Cluster
@@ -73,8 +73,7 @@ class _Rates:
     w0: np.ndarray
     mem0: np.ndarray
     mem_jump: np.ndarray
-    dense: _TypeRates
-    moe: _TypeRates
+    kinds: tuple[_TypeRates, ...]  # per ModelSpec.layer_kinds
 
 
 def _probe(model: ModelSpec, cluster: Cluster, cfg: RunConfig, n: int, k: int | None):
@@ -112,24 +111,15 @@ def _type_rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_re
 
 
 def _rates(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool) -> _Rates:
-    """Read the per-rank linear model off the cost model, for the model's two kinds of layer separately (dense and
-    MoE, or global and sliding-window attention): the probes use the model with every layer of one kind, then of
-    the other."""
-    if model.is_moe:
-        variants = [model.with_(first_k_dense_layers=model.num_layers), model.with_(first_k_dense_layers=0)]
-    elif model.positional_windows:  # every layer global, then every layer sliding-window
-        L = model.num_layers
-        variants = [model.with_(attention_pattern="G" * L, sliding_window_layers=0),
-                    model.with_(attention_pattern="L" * L, sliding_window_layers=L)]
-    else:
-        variants = [model]
+    """Read the per-rank linear model off the cost model, for each of the model's kinds of layer separately (dense
+    and MoE, or global and sliding-window attention): the probes use the model with every layer of one kind
+    (``ModelSpec.uniform``), then of the next."""
+    variants = [model.uniform(k) for k in range(len(model.layer_kinds))] if len(model.layer_kinds) > 1 else [model]
     probed = [_type_rates(x, cluster, cfg, per_stage_recompute) for x in variants]
-    (f0, b0, w0, mem0), jump, dense = probed[0]
-    moe = dense
-    if len(probed) > 1:
-        (_, _, _, mem0_moe), jump_moe, moe = probed[1]
-        mem0, jump = np.maximum(mem0, mem0_moe), np.maximum(jump, jump_moe)  # ZeRO-3's largest layer, workspace
-    return _Rates(f0, b0, w0, mem0, jump, dense, moe)
+    (f0, b0, w0, mem0), jump, _ = probed[0]
+    for (_, _, _, mem0_k), jump_k, _ in probed[1:]:  # ZeRO-3's largest layer, the workspace: the largest kind's
+        mem0, jump = np.maximum(mem0, mem0_k), np.maximum(jump, jump_k)
+    return _Rates(f0, b0, w0, mem0, jump, tuple(r for _, _, r in probed))
 
 
 def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, recompute: bool,
@@ -137,67 +127,81 @@ def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, r
     """Per rank r, stage start a (layers before it) and layer count n (those of ``counts``, default 0..L): the least
     recomputation K that fits in memory and the rank's time t = F + B + W per micro-batch (an array [r, a, n], inf
     where nothing fits), and a function giving (F, B, W, K) at one (r, a, n). The kinds of a stage's layers follow
-    from their positions (``ModelSpec.second_kind``: dense below ``first_k_dense_layers``, MoE above; or the
+    from their positions (``ModelSpec.kind_index``: dense below ``first_k_dense_layers``, MoE above; or the
     attention pattern); step.py recomputes a stage's first layers. With virtual stages a rank's chunks are not
     contiguous, so its layers count as a MoE model's majority type, or in proportion to the attention pattern."""
     p, L = cfg.pp, model.num_layers
     a = np.arange(L + 1, dtype=float)[:, None]
     n = (np.arange(L + 1) if counts is None else np.asarray(counts)).astype(float)[None, :]
-    # dense layers of a stage of n layers starting at a: independent of a (one row, broadcast over a) unless a MoE
-    # model's leading dense layers fall in it
-    second = model.num_second_kind
-    if not second:
-        nd = n
-    elif cfg.vpp == 1:  # by position: second-kind layers in [a, a + n)
-        before = np.concatenate([[0], np.cumsum(model.second_kind)]).astype(float)
+    n_kinds = len(model.layer_kinds)
+    # layers of each kind in a stage of n layers starting at a: independent of a (one row, broadcast over a) unless
+    # the model has kinds by position
+    if n_kinds == 1:
+        per_kind = [n]
+    elif cfg.vpp == 1:  # by position: each kind's layers in [a, a + n)
+        before = kinds_before(model, L).astype(float)
         ai = a.astype(np.int64)
         end = np.minimum(ai + n.astype(np.int64), L)
-        nd = n - np.where(ai + n <= L, before[end] - before[ai], 0.0)
-    elif model.is_moe:
-        nd = n if model.first_k_dense_layers * 2 > L else 0 * n
-    else:  # interleaved global / sliding-window layers: in proportion
-        nd = n * (1 - second / L)
-    nm = n - nd
+        inside = ai + n <= L
+        per_kind = [np.where(inside, before[k][end] - before[k][ai], 0.0) for k in range(n_kinds)]
+        per_kind[0] = n - sum(per_kind[1:])
+    elif model.is_moe:  # a MoE model's layers count as its majority kind
+        per_kind = [n, 0 * n] if model.first_k_dense_layers * 2 > L else [0 * n, n]
+    else:  # interleaved kinds: in proportion
+        share = [model.kind_index.count(k) / L for k in range(n_kinds)]
+        per_kind = [n * x for x in share[1:]]
+        per_kind = [n - sum(per_kind)] + per_kind
     # all ranks at once: per-rank rates along a leading axis
-    d, e = rates.dense, rates.moe
+    kinds = rates.kinds
 
     def per_rank(x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=float)[:, None, None]
 
-    nd, nm = nd[None], nm[None]
-    mem_none = per_rank(rates.mem0) + nd * per_rank(d.memn) + nm * per_rank(e.memn)
-    kd = km = np.zeros((1, 1, 1))
-    if recompute:
+    per_kind = [x[None] for x in per_kind]
+    mem_none = per_rank(rates.mem0)
+    for nk, r in zip(per_kind, kinds):
+        mem_none = mem_none + nk * per_rank(r.memn)
+    rec = [np.zeros((1, 1, 1)) for _ in kinds]
+    if recompute:  # the least recomputation that fits: the kinds' layers in order, the last kind's beyond its count
         need = mem_none + per_rank(rates.mem_jump) - limit
-        sd, sm = -per_rank(d.memk), -per_rank(e.memk)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kd = np.where(sd > 0, np.minimum(nd, np.ceil(np.maximum(need, 0.0) / sd - 1e-9)), nd)
-            rest = need - kd * np.maximum(sd, 0.0)
-            km = np.where(sm > 0, np.ceil(np.maximum(rest, 0.0) / sm - 1e-9), np.where(rest > 0, nm + 1, 0.0))
         fits = mem_none <= limit
-        kd, km = np.where(fits, 0.0, kd), np.where(fits, 0.0, km)
-    k = kd + km
-    mem = mem_none + kd * per_rank(d.memk) + km * per_rank(e.memk) + np.where(k > 0, per_rank(rates.mem_jump), 0.0)
-    ok = (mem <= limit * (1 + 1e-12)) & (km <= nm) & (n <= L - a)[None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for k, (nk, r) in enumerate(zip(per_kind, kinds)):
+                saves = -per_rank(r.memk)
+                if k < len(kinds) - 1:
+                    rec[k] = np.where(saves > 0, np.minimum(nk, np.ceil(np.maximum(need, 0.0) / saves - 1e-9)), nk)
+                    need = need - rec[k] * np.maximum(saves, 0.0)
+                else:
+                    rec[k] = np.where(saves > 0, np.ceil(np.maximum(need, 0.0) / saves - 1e-9),
+                                      np.where(need > 0, nk + 1, 0.0))
+                rec[k] = np.where(fits, 0.0, rec[k])
+    k_all = sum(rec)
+    mem = mem_none
+    for kk, r in zip(rec, kinds):
+        mem = mem + kk * per_rank(r.memk)
+    mem = mem + np.where(k_all > 0, per_rank(rates.mem_jump), 0.0)
+    ok = (mem <= limit * (1 + 1e-12)) & (rec[-1] <= per_kind[-1]) & (n <= L - a)[None]
 
-    def f_b_w(r, nd_, nm_, kd_, km_):
-        """F, B, W of rank(s) r holding nd_ dense and nm_ MoE layers, kd_ / km_ of them recomputed."""
-        f = rates.f0[r] + nd_ * d.fn[r] + nm_ * e.fn[r] + kd_ * d.fk[r] + km_ * e.fk[r]
-        b = rates.b0[r] + nd_ * d.bn[r] + nm_ * e.bn[r] + kd_ * d.bk[r] + km_ * e.bk[r]
-        w = rates.w0[r] + nd_ * d.wn[r] + nm_ * e.wn[r]
+    def f_b_w(r, ns, ks):
+        """F, B, W of rank(s) r holding ns[k] layers of kind k, ks[k] of them recomputed."""
+        f, b, w = rates.f0[r], rates.b0[r], rates.w0[r]
+        for nk, x in zip(ns, kinds):
+            f, b, w = f + nk * x.fn[r], b + nk * x.bn[r], w + nk * x.wn[r]
+        for kk, x in zip(ks, kinds):
+            f, b = f + kk * x.fk[r], b + kk * x.bk[r]
         return f, b, w
 
-    f, b, w = f_b_w(np.arange(p)[:, None, None], nd, nm, kd, km)
+    f, b, w = f_b_w(np.arange(p)[:, None, None], per_kind, rec)
     t = np.where(ok, f + b + w, math.inf)
     shape = t.shape
-    nd_full, nm_full = np.broadcast_to(nd, shape), np.broadcast_to(nm, shape)
-    kd_full, km_full = np.broadcast_to(kd, shape), np.broadcast_to(km, shape)
+    n_full = [np.broadcast_to(x, shape) for x in per_kind]
+    k_full = [np.broadcast_to(x, shape) for x in rec]
 
     def at(r: int, start: int, count: int) -> tuple[float, float, float, int]:
         """(F, B, W, recomputed layers) of rank r holding ``count`` layers from ``start`` (count indexes counts)."""
         x = (r, start, count)
-        fx, bx, wx = f_b_w(r, nd_full[x], nm_full[x], kd_full[x], km_full[x])
-        return float(fx), float(bx), float(wx), int(kd_full[x] + km_full[x])
+        fx, bx, wx = f_b_w(r, [y[x] for y in n_full], [y[x] for y in k_full])
+        return float(fx), float(bx), float(wx), int(sum(y[x] for y in k_full))
 
     return t, at
 
@@ -336,7 +340,7 @@ def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_rec
     rates = _rates(model, cluster, cfg, per_stage_recompute)
     min_per_rank = MIN_LAYERS_PER_STAGE * cfg.vpp
     sched = get_schedule(cfg.schedule)
-    increasing = all(np.all(np.asarray(x) >= 0) for r in (rates.dense, rates.moe)
+    increasing = all(np.all(np.asarray(x) >= 0) for r in rates.kinds
                      for x in (r.fn, r.bn, r.wn, r.fk, r.bk, r.memn))
     max_count = min(L, 2 * -(-L // cfg.pp) + 2) if increasing else L
     while True:

@@ -54,6 +54,15 @@ MAX_JSON_FILE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
+class LayerKind:
+    """One kind of decoder layer, as the cost model prices it: ``moe`` routed experts in place of the dense MLP;
+    ``window`` a sliding-window (True) or global (False) attention layer, None the model's average."""
+
+    moe: bool = False
+    window: bool | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Shapes of a decoder-only transformer.
 
@@ -186,15 +195,39 @@ class ModelSpec:
         return bool(self.attention_pattern) and not self.is_moe and self.sliding_window > 0
 
     @property
-    def second_kind(self) -> tuple[bool, ...]:
-        """Per layer (model order), whether it is the model's second kind of layer: MoE in a MoE model (the layers
-        from ``first_k_dense_layers`` on), a sliding-window layer in a dense model with ``positional_windows``,
-        none otherwise. The cost model prices two kinds of decoder layer; which is which comes from here."""
+    def layer_kinds(self) -> tuple["LayerKind", ...]:
+        """The distinct kinds of decoder layer the cost model prices apart, in a fixed order: a MoE model's dense
+        and MoE layers; a dense model's global and sliding-window layers (``positional_windows``); otherwise one
+        kind, its attention the model's average. Which layer is which: :attr:`kind_index`."""
         if self.is_moe:
-            return tuple(i >= self.first_k_dense_layers for i in range(self.num_layers))
+            return (LayerKind(), LayerKind(moe=True))
         if self.positional_windows:
-            return tuple(c == "L" for c in self.attention_pattern)
-        return (False,) * self.num_layers
+            return (LayerKind(window=False), LayerKind(window=True))
+        return (LayerKind(),)
+
+    @property
+    def kind_index(self) -> tuple[int, ...]:
+        """Per layer (model order), its kind: an index into :attr:`layer_kinds`."""
+        if self.is_moe:
+            return tuple(int(i >= self.first_k_dense_layers) for i in range(self.num_layers))
+        if self.positional_windows:
+            return tuple(int(c == "L") for c in self.attention_pattern)
+        return (0,) * self.num_layers
+
+    def uniform(self, kind: int) -> "ModelSpec":
+        """This model with every layer of kind ``kind`` (same :attr:`layer_kinds`): the partition's probes of one
+        kind's per-layer costs."""
+        L = self.num_layers
+        if self.is_moe:
+            return self.with_(first_k_dense_layers=0 if kind else L)
+        if self.positional_windows:
+            return self.with_(attention_pattern="LG"[not kind] * L, sliding_window_layers=L if kind else 0)
+        return self
+
+    @property
+    def second_kind(self) -> tuple[bool, ...]:
+        """Per layer, whether it is not of the first kind (MoE, or sliding-window attention)."""
+        return tuple(k > 0 for k in self.kind_index)
 
     @property
     def num_second_kind(self) -> int:
