@@ -291,7 +291,7 @@ def test_per_layer_cache_matches_the_uncached_layer_cost(tp, cp, ep, pp, zero, k
     cfg = RunConfig(num_gpus=gpus, tp=tp, cp=cp, pp=pp, ep=ep, cp_kind=kind, zero_stage=zero, recompute=rec,
                     seq_len=32768, global_batch_size=64, sequence_parallel=tp > 1 or zero == 3)
     groups = comm.groups_for(H100, tp, cp, cfg.dp, pp, ep)
-    uncached = _floats(layer_costs(model, H100, cfg, groups, moe))
+    uncached = _floats(layer_costs(model, H100, cfg, groups, model.layer_kinds[moe]))
     LAYER_COSTS.clear()
     assert _layer_cost(model, H100, cfg, groups, moe) == uncached
     assert _layer_cost(model, H100, cfg, groups, moe) == uncached  # from the memo
@@ -306,7 +306,7 @@ def test_per_layer_cache_matches_the_uncached_layer_cost(tp, cp, ep, pp, zero, k
     other = cfg.with_(micro_batch_size=2, cp_kind="ring" if kind == "ulysses" else "ulysses")
     batch = ConfigBatch.of([other, cfg])
     bgroups = comm.groups_for(H100, batch.tp, batch.cp, cfg.dp, pp, batch.ep)
-    many = layer_costs(model, H100, batch, bgroups, moe)
+    many = layer_costs(model, H100, batch, bgroups, model.layer_kinds[moe])
     one = _layer_cost(model, H100, cfg, groups, moe)
     for f in dataclasses.fields(one):
         assert np.broadcast_to(getattr(many, f.name), (2,))[1] == pytest.approx(getattr(one, f.name), rel=1e-12,

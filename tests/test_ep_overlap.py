@@ -13,7 +13,7 @@ from planner.export import export
 from planner.plan import config_from_dict, plan_dict
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
-from planner.specs.model import load_model
+from planner.specs.model import MOE_LAYER, load_model
 from planner.validation.compare import evaluate_modern_run, load_modern_runs
 
 H800 = load_cluster("h800-80gb-sxm")
@@ -25,8 +25,8 @@ CFG = RunConfig(num_gpus=2048, pp=16, vpp=2, ep=64, seq_len=4096, global_batch_s
 
 def test_overlapped_all_to_alls_are_what_sticks_out_of_the_layers_kernels():
     groups = comm.groups_for(H800, 1, 1, CFG.dp, 16, 64)
-    plain = layer_costs(DSV3, H800, CFG, groups, True)
-    both = layer_costs(DSV3, H800, CFG.with_(ep_comm_overlap=True), groups, True)
+    plain = layer_costs(DSV3, H800, CFG, groups, MOE_LAYER)
+    both = layer_costs(DSV3, H800, CFG.with_(ep_comm_overlap=True), groups, MOE_LAYER)
     a2a = ep_layer_cost(DSV3, H800, CFG, groups.ep, groups.tp).fwd_s
     assert plain.ep_fwd_s == pytest.approx(a2a)
     kernels = plain.fwd_s + plain.bwd_input_s + plain.bwd_weight_s

@@ -64,15 +64,22 @@ def test_search_is_exact_with_positional_windows():
     """Brute force over every row of a small space = the search's best; the pruning floors hold (no violations)."""
     space = SearchSpace(partial_recompute=False, tp_values=(1, 2), schedules=("1f1b", "interleaved-1f1b"),
                         zero_stages=(1,), hsdp_node_spans=())
-    sp = build_space(SMALL, H100, 8, 16, 16384, space)
+    cfgs = assert_search_is_exact(SMALL, 8, 16, 16384, space)
+    assert any(c.pp > 1 for c in cfgs)
+
+
+def assert_search_is_exact(model, gpus: int, global_batch: int, seq_len: int, space: SearchSpace) -> list:
+    """Brute force over every row of the space = the search's best, with no bound above an exact value; returns
+    the rows' configurations."""
+    sp = build_space(model, H100, gpus, global_batch, seq_len, space)
     rows = sp.expand(np.arange(len(sp.groups)))
     cfgs = [sp.config(int(g), int(z), int(r), int(h)) for g, z, r, h in zip(rows.group, rows.zero, rows.rec,
                                                                              rows.hsdp)]
-    assert any(c.pp > 1 for c in cfgs)
-    fitting = [e.step_time_s for e in (estimate(SMALL, H100, c, check=False) for c in cfgs) if e.fits]
-    res = search(SMALL, H100, 8, 16, 16384, space=space, top=0, refine_partition=False)
+    fitting = [e.step_time_s for e in (estimate(model, H100, c, check=False) for c in cfgs) if e.fits]
+    res = search(model, H100, gpus, global_batch, seq_len, space=space, top=0, refine_partition=False)
     assert res.best.estimate.step_time_s == pytest.approx(min(fitting), rel=1e-12)
     assert res.stats["bound_violations"] == 0
+    return cfgs
 
 
 def test_partition_balances_global_layers_and_beats_the_even_split():
@@ -154,7 +161,7 @@ def test_the_encoder_runs_on_the_first_stage_with_whole_attention_squares():
     T = 577  # one image per sample, micro-batch 1: every query attends all 577 keys (no causal half)
     assert float(core.flops) == pytest.approx(2.0 * T * 577 * 2 * 1024 / 4)
     with_, without = estimate(m, H100, cfg), estimate(m.with_(vision_layers=0), H100, cfg)
-    enc = layer_costs(m.vision_encoder, H100, vcfg, comm.groups_for(H100, 4, 1, 1, 1), False)
+    enc = layer_costs(m.vision_encoder, H100, vcfg, comm.groups_for(H100, 4, 1, 1, 1))
     proj = pass_times(vision_projector_ops(m, vcfg), H100.gpu)
     extra = 24 * float(enc.fwd_total_s + enc.bwd_input_total_s + enc.bwd_weight_s) + float(proj.fwd_s + proj.bwd_s)
     assert with_.stages[0].time_per_microbatch_s == pytest.approx(without.stages[0].time_per_microbatch_s + extra)
@@ -182,14 +189,7 @@ def test_search_is_exact_with_a_vision_encoder():
     small = small.with_(vision_images=4)
     space = SearchSpace(partial_recompute=False, tp_values=(1, 2), schedules=("1f1b",), zero_stages=(1,),
                         hsdp_node_spans=())
-    sp = build_space(small, H100, 8, 16, 4096, space)
-    rows = sp.expand(np.arange(len(sp.groups)))
-    cfgs = [sp.config(int(g), int(z), int(r), int(h)) for g, z, r, h in zip(rows.group, rows.zero, rows.rec,
-                                                                             rows.hsdp)]
-    fitting = [e.step_time_s for e in (estimate(small, H100, c, check=False) for c in cfgs) if e.fits]
-    res = search(small, H100, 8, 16, 4096, space=space, top=0, refine_partition=False)
-    assert res.best.estimate.step_time_s == pytest.approx(min(fitting), rel=1e-12)
-    assert res.stats["bound_violations"] == 0
+    assert_search_is_exact(small, 8, 16, 4096, space)
 
 
 def test_exporters_refuse_a_vision_language_plan():

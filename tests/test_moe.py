@@ -22,7 +22,7 @@ from planner.cost.validity import config_problems
 from planner.errors import PlannerError
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
-from planner.specs.model import load_model, model_from_config, model_specs_dir
+from planner.specs.model import DENSE_LAYER, MOE_LAYER, load_model, model_from_config, model_specs_dir
 
 H100 = load_cluster("h100-80gb-sxm")
 H800 = load_cluster("h800-80gb-sxm")
@@ -126,8 +126,8 @@ def test_ep_layer_cost_is_four_all_to_alls_and_crosses_nodes_when_the_group_does
 @settings(max_examples=16, deadline=None)
 def test_expert_flops_per_gpu_do_not_depend_on_ep_but_gemms_grow(ep, tp):
     cfg = RunConfig(num_gpus=64, tp=tp, ep=ep, seq_len=4096, global_batch_size=64)
-    ops = {o.name: o for o in layer_ops(MIXTRAL, cfg, moe=True)}
-    base = {o.name: o for o in layer_ops(MIXTRAL, cfg.with_(ep=1), moe=True)}
+    ops = {o.name: o for o in layer_ops(MIXTRAL, cfg, MOE_LAYER)}
+    base = {o.name: o for o in layer_ops(MIXTRAL, cfg.with_(ep=1), MOE_LAYER)}
     k, h, f = 2, 4096, 14336
     assert ops["experts_in"].flops + ops["experts_out"].flops == pytest.approx(3 * 2 * 4096 * k * h * f / tp)
     assert ops["experts_in"].flops == pytest.approx(base["experts_in"].flops)
@@ -155,8 +155,8 @@ def test_expert_weights_and_optimizer_states_shard_over_ep_and_expert_dp():
 def test_moe_activations_include_dispatched_tokens():
     from planner.cost.memory import activation_bytes_per_layer
     cfg = RunConfig(num_gpus=8, ep=8, seq_len=4096, global_batch_size=8)
-    moe = activation_bytes_per_layer(MIXTRAL, cfg, "selective", moe=True)
-    dense = activation_bytes_per_layer(MIXTRAL, cfg, "selective", moe=False)
+    moe = activation_bytes_per_layer(MIXTRAL, cfg, "selective", kind=MOE_LAYER)
+    dense = activation_bytes_per_layer(MIXTRAL, cfg, "selective", kind=DENSE_LAYER)
     # two experts of SwiGLU width f (same as the dense MLP) + 2kh of routed token copies (the experts' input) +
     # router (fp32); no expert outputs: the routing probabilities multiply inside the experts' activation
     # (Megatron-Core >= 0.13, moe/experts.py), so the combine keeps nothing for their gradient
@@ -164,7 +164,7 @@ def test_moe_activations_include_dispatched_tokens():
     assert moe - dense == pytest.approx(extra)
     # fp8: every linear input (QKV, MLP, fc2, the experts' token copies) is kept as Transformer Engine saves it,
     # 1 B per element, and the out-projection keeps an fp8 copy of the attention output (TE linear.py)
-    fp8 = activation_bytes_per_layer(MIXTRAL, cfg.with_(precision="fp8"), "selective", moe=True)
+    fp8 = activation_bytes_per_layer(MIXTRAL, cfg.with_(precision="fp8"), "selective", kind=MOE_LAYER)
     h, f, q, k = 4096, 14336, 4096, 2
     saved = 4096 * (h + h + k * f + k * h) - 4096 * q  # 2 B -> 1 B each, minus the new fp8 copy of width q
     assert moe - fp8 == pytest.approx(saved)
@@ -352,7 +352,7 @@ def test_expert_gemms_are_issued_one_per_local_expert():
     linears carry that count, every other operator of the layer none."""
     model = load_model(QWEN3_30B)
     cfg = RunConfig(num_gpus=8, ep=8, global_batch_size=64, seq_len=4096, precision="mxfp8")
-    ops = layer_ops(model, cfg, moe=True)
+    ops = layer_ops(model, cfg, MOE_LAYER)
     calls = {o.name: float(o.expert_calls) for o in ops if np.any(o.expert_calls)}
     assert calls == {"experts_in": 16.0, "experts_out": 16.0}  # 128 experts over EP 8
 
@@ -367,13 +367,13 @@ def test_issue_bound_expert_gemms_take_the_issue_time_and_large_ones_their_kerne
     bare = replace(B200, gpu=replace(B200.gpu, expert_gemm_call_s=()))
     model = load_model(QWEN3_30B)
     cfg = RunConfig(num_gpus=8, ep=8, global_batch_size=64, seq_len=4096, precision="mxfp8")
-    for op in [o for o in layer_ops(model, cfg, moe=True) if o.name in ("experts_in", "experts_out")]:
+    for op in [o for o in layer_ops(model, cfg, MOE_LAYER) if o.name in ("experts_in", "experts_out")]:
         bound, free = pass_times([op], B200.gpu), pass_times([op], bare.gpu)
         assert free.fwd_s < 16 * issue_s / 4
         assert bound.fwd_s == pytest.approx(16 * issue_s)
         assert bound.bwd_s == pytest.approx(2 * 16 * issue_s)
     dsv3 = RunConfig(num_gpus=256, pp=8, ep=32, global_batch_size=1024, seq_len=4096, precision="mxfp8")
-    ops = [o for o in layer_ops(DSV3, dsv3, moe=True) if o.name == "experts_in"]
+    ops = [o for o in layer_ops(DSV3, dsv3, MOE_LAYER) if o.name == "experts_in"]
     assert pass_times(ops, B200.gpu).fwd_s == pytest.approx(pass_times(ops, bare.gpu).fwd_s)
 
 
@@ -382,7 +382,7 @@ def test_issue_bound_expert_gemms_take_the_issue_time_and_large_ones_their_kerne
 def test_issue_time_never_makes_a_layer_faster_and_is_gone_at_zero(issue_us, mb, ep):
     model = load_model(QWEN3_30B)
     cfg = RunConfig(num_gpus=8, ep=ep, global_batch_size=64, micro_batch_size=mb, seq_len=4096, precision="mxfp8")
-    ops = layer_ops(model, cfg, moe=True)
+    ops = layer_ops(model, cfg, MOE_LAYER)
     slow = replace(B200.gpu, expert_gemm_call_s=(("mxfp8", issue_us * 1e-6),))
     bare = replace(B200.gpu, expert_gemm_call_s=())
     a, b = pass_times(ops, slow), pass_times(ops, bare)

@@ -18,7 +18,7 @@ from planner.search.engine import search
 from planner.search.space import SearchSpace
 from planner.specs.config import RunConfig, canonical_recompute_modules
 from planner.specs.hardware import load_cluster
-from planner.specs.model import load_model
+from planner.specs.model import MOE_LAYER, load_model
 
 H100 = load_cluster("h100-80gb-sxm")
 L8B = load_model("llama-3.1-8b")
@@ -48,7 +48,7 @@ def test_layernorm_drops_both_norm_outputs(precision, lin):
     drop = activation_bytes_per_layer(L8B, base) - activation_bytes_per_layer(L8B, ln)
     assert drop == pytest.approx(4096 * 2 * lin * L8B.hidden_size)
     ops = {o.name: o for o in layer_ops(L8B, ln)}
-    extra = layer_costs(L8B, H100, ln, comm.groups_for(H100, 1, 1, 8, 1), False).selective_recompute_s
+    extra = layer_costs(L8B, H100, ln, comm.groups_for(H100, 1, 1, 8, 1)).selective_recompute_s
     assert extra == pytest.approx(op_time_s(ops["norms"], H100.gpu))
 
 
@@ -62,7 +62,7 @@ def test_mlp_checkpoints_a_dense_mlp_and_reruns_it():
         pytest.approx(4096 * 6 * f)
     ops = layer_ops(L8B, mlp)
     rerun = sum(op_time_s(o, H100.gpu) for o in ops if o.name in ("mlp_in", "mlp_out", "mlp_act"))
-    lc = layer_costs(L8B, H100, mlp, comm.groups_for(H100, 1, 1, 8, 1), False)
+    lc = layer_costs(L8B, H100, mlp, comm.groups_for(H100, 1, 1, 8, 1))
     assert lc.selective_recompute_s == pytest.approx(rerun)
     assert lc.recompute_flops == pytest.approx(sum(o.flops for o in ops if o.name in ("mlp_in", "mlp_out")))
 
@@ -72,10 +72,10 @@ def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections():
     token dropped; the q / kv up-projections (and RoPE) re-run."""
     cfg = _cfg(num_gpus=64, ep=8, global_batch_size=64, precision="fp8")
     up = cfg.with_(recompute_modules="core_attn,mla_up_proj")
-    drop = activation_bytes_per_layer(DSV3, cfg, moe=True) - activation_bytes_per_layer(DSV3, up, moe=True)
+    drop = activation_bytes_per_layer(DSV3, cfg, kind=MOE_LAYER) - activation_bytes_per_layer(DSV3, up, kind=MOE_LAYER)
     assert drop == pytest.approx(4096 * 2 * 128 * (192 + 192 + 128))
-    lc = layer_costs(DSV3, H100, up, comm.groups_for(H100, 1, 1, 64, 1, 8), True)
-    ups = [o for o in layer_ops(DSV3, up, moe=True) if o.name in ("q_up_proj", "kv_up_proj")]
+    lc = layer_costs(DSV3, H100, up, comm.groups_for(H100, 1, 1, 64, 1, 8), MOE_LAYER)
+    ups = [o for o in layer_ops(DSV3, up, MOE_LAYER) if o.name in ("q_up_proj", "kv_up_proj")]
     assert lc.recompute_flops == pytest.approx(sum(o.flops for o in ups))
 
 
@@ -83,7 +83,7 @@ def test_moe_act_drops_the_routed_experts_activation_output():
     cfg = _cfg(ep=8, precision="fp8")
     act = cfg.with_(recompute_modules="core_attn,moe_act")
     k, f = MIXTRAL.experts_per_token, MIXTRAL.moe_ffn_hidden_size
-    drop = activation_bytes_per_layer(MIXTRAL, cfg, moe=True) - activation_bytes_per_layer(MIXTRAL, act, moe=True)
+    drop = activation_bytes_per_layer(MIXTRAL, cfg, kind=MOE_LAYER) - activation_bytes_per_layer(MIXTRAL, act, kind=MOE_LAYER)
     assert drop == pytest.approx(4096 * 1.0 * k * f)  # fc2's fp8 input, 1 B per element
 
 

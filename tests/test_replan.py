@@ -20,7 +20,7 @@ from planner.cost.step import stage_layers
 from planner.replan import replan, survivors_of
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
-from planner.specs.model import ModelSpec, load_model
+from planner.specs.model import DENSE_LAYER, MOE_LAYER, ModelSpec, load_model
 
 RUNNER = CliRunner()
 H100 = load_cluster("h100-80gb-sxm")
@@ -68,7 +68,7 @@ def _holdings(model: ModelSpec, cfg: RunConfig, cells: int):
 def _oracle(model, old, new, survivors, cells):
     """Bytes each new rank receives (survivors in order, then added GPUs), and the lost optimizer bytes."""
     experts = expert_params_per_layer(model)
-    size = {u: layer_params(model, moe=model.is_moe) - experts for u in range(model.num_layers)}
+    size = {u: layer_params(model, MOE_LAYER if model.is_moe else DENSE_LAYER) - experts for u in range(model.num_layers)}
     size["emb"] = embedding_params(model, SEQ)
     size["head"] = head_params(model)  # untied: no copy of the embedding
     for u in range(model.num_layers):

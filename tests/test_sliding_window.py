@@ -6,7 +6,7 @@ import pytest
 from planner.cost.compute import attended_fraction, layer_ops
 from planner.errors import PlannerError
 from planner.specs.config import RunConfig
-from planner.specs.model import load_model, model_from_config
+from planner.specs.model import MOE_LAYER, load_model, model_from_config
 from planner.validation.compare import modern_model_ref
 
 GPT_OSS = load_model(modern_model_ref({"model": "models/gpt-oss-120b.json"}))
@@ -20,7 +20,7 @@ def test_gpt_oss_window_by_hand():
     assert (GPT_OSS.sliding_window, GPT_OSS.sliding_window_layers) == (128, 18)
     assert attended_fraction(GPT_OSS, 4096) == pytest.approx((0.5 + (128 - 128 * 127 / 8192) / 4096) / 2, rel=1e-12)
     cfg = RunConfig(num_gpus=8, ep=8, seq_len=4096, global_batch_size=8, sequence_parallel=False)
-    core = next(o for o in layer_ops(GPT_OSS, cfg, moe=True) if o.name == "attention_core")
+    core = next(o for o in layer_ops(GPT_OSS, cfg, MOE_LAYER) if o.name == "attention_core")
     full = 2.0 * 4096 * 4096 * (GPT_OSS.attn_q_dim + GPT_OSS.attn_out_dim)
     assert core.flops == pytest.approx(full * attended_fraction(GPT_OSS, 4096))
     # a window as long as the sequence changes nothing

@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.specs.config import ConfigBatch, RunConfig, recompute_module_on
 from planner.specs.hardware import GPU
-from planner.specs.model import ModelSpec
+from planner.specs.model import DENSE_LAYER, LayerKind, ModelSpec
 
 #: one configuration or a batch of them (every per-layer function broadcasts over both)
 Config = RunConfig | ConfigBatch
@@ -39,7 +39,7 @@ class Op:
 
     ``flops`` and ``hbm_bytes`` are forward costs (numbers, or arrays over a batch of configurations; an operator
     a configuration does not run has 0 of both there); ``bwd_ratio`` scales them for backward. ``kind`` is one of
-    "gemm", "attention" or "memory". ``weight_grad_fraction`` is the share of backward spent on weight gradients
+    "gemm", "attention", "scan" (a fused kernel of small matmuls, :func:`op_time_s`) or "memory". ``weight_grad_fraction`` is the share of backward spent on weight gradients
     (the W pass of zero-bubble schedules).
     """
 
@@ -94,20 +94,33 @@ def expert_tp_token_share(cfg: Config):
     return np.where(cfg.sequence_parallel, cfg.expert_tp / np.asarray(cfg.tp), 1.0)
 
 
-def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False, window: bool | None = None) -> list[Op]:
-    """Operators of one transformer layer, one micro-batch, on one GPU (after TP, CP and SP sharding).
+def layer_ops(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> list[Op]:
+    """Operators of one decoder layer of kind ``kind`` (``ModelSpec.layer_kinds``), one micro-batch, on one GPU
+    (after TP, CP and SP sharding): its token mixer (:func:`attention_ops` or :func:`mamba_ops`), its feed-forward
+    block (:func:`ffn_ops`: MLP or routed experts) and the memory-bound kernels around them
+    (:func:`elementwise_ops`). A transformer layer holds attention and an MLP or MoE block; a hybrid model's layer
+    one of the four."""
+    ops: list[Op] = []
+    if kind.mixer == "attention":
+        ops += attention_ops(model, cfg, kind.window)
+    elif kind.mixer == "mamba":
+        ops += mamba_ops(model, cfg)
+    if kind.ffn:
+        ops += ffn_ops(model, cfg, kind.moe)
+    return ops + elementwise_ops(model, cfg, kind)
 
-    Tokens per GPU are b*s/cp; GEMM output dims are split by TP. Attention core FLOPs: 4*b*s^2*h per layer
-    (QK^T and attention x V, Narayanan Eq. 3's s/(6h) term), divided by CP, times the share a flash kernel computes
-    (:func:`attended_fraction`: half of a causal mask, less in sliding-window layers; an assumption stated in the
-    README). ``window``: a sliding-window (True) or global (False) attention layer; None: the model's average.
-    """
+
+def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> list[Op]:
+    """The attention half of a layer: projections and the core. Tokens per GPU are b*s/cp; GEMM output dims are
+    split by TP. Attention core FLOPs: 4*b*s^2*h per layer (QK^T and attention x V, Narayanan Eq. 3's s/(6h) term),
+    divided by CP, times the share a flash kernel computes (:func:`attended_fraction`: half of a causal mask, less
+    in sliding-window layers; an assumption stated in the README). ``window``: a sliding-window (True) or global
+    (False) attention layer; None: the model's average."""
     t, cp = cfg.tp, cfg.cp
     T = cfg.tokens_per_rank  # tokens on this GPU
     h = model.hidden_size
     flash = np.asarray(cfg.flash_attention, dtype=bool)
     ops: list[Op] = []
-    # ---- attention --------------------------------------------------------------------------------------------
     if model.is_mla:
         ops += mla_projection_ops(model, cfg)
     else:
@@ -133,13 +146,19 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False, window: bool | N
     ops.append(Op("softmax_dropout", "memory", hbm_bytes=np.where(flash, 0.0, per_score * score_elems),
                   bwd_ratio=1.0, weight_grad_fraction=0.0, recompute_module="core_attn"))
     ops += _linear("attn_out_proj", T, model.attn_out_dim / t, h, cfg)
-    # ---- MLP / MoE --------------------------------------------------------------------------------------------
+    return ops
+
+
+def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
+    """The feed-forward half of a layer: a dense MLP split by TP, or the router, the routed experts (grouped GEMMs
+    over the local experts) and the shared experts."""
+    T, t, h = cfg.tokens_per_rank, cfg.tp, model.hidden_size
     n_mats = 3 if model.gated_mlp else 2
-    sp = sp_degree(cfg)
+    ops: list[Op] = []
     if moe:
         k = model.experts_per_token
         f = model.moe_ffn_hidden_size
-        ops.append(_gemm("router", T / sp, h, model.num_experts))  # each TP rank routes its own SP shard
+        ops.append(_gemm("router", T / sp_degree(cfg), h, model.num_experts))  # each TP rank routes its SP shard
         # routed experts (Megatron-Core MoE): after the EP all-to-all and the expert-TP all-gather each GPU holds,
         # with balanced routing, the k copies of its expert-TP group's tokens (T etp / tp with SP: the group's
         # sequence shards; T without SP, where TP ranks hold the same tokens and expert TP = TP) spread over its
@@ -156,33 +175,102 @@ def layer_ops(model: ModelSpec, cfg: Config, moe: bool = False, window: bool | N
             ops += _linear("shared_experts_out", T, f_sh / t, h, cfg)
         # permute before and unpermute + probability-weighted combine after the experts: each reads and writes
         # the T k token copies (bf16); their share per TP rank is 1/sp
-        ops.append(Op("moe_permute", "memory", hbm_bytes=ACT_BYTES * 4 * T * k * h / sp, bwd_ratio=1.0,
+        ops.append(Op("moe_permute", "memory", hbm_bytes=ACT_BYTES * 4 * T * k * h / sp_degree(cfg), bwd_ratio=1.0,
                       weight_grad_fraction=0.0))
     else:
         f = model.ffn_hidden_size
         ops += _linear("mlp_in", T, h, (n_mats - 1) * f / t, cfg, module="mlp")
         ops += _linear("mlp_out", T, f / t, h, cfg, module="mlp")
-    # ---- memory-bound kernels (bytes moved per token, bf16), each forward read + write and twice that backward;
-    # apart where a recompute module redoes them: the two norms ("layernorm"), the MLP activation ("mlp" in a dense
-    # layer, "moe_act" for the routed experts), RoPE (with MLA's up-projections, "mla_up_proj")
+    return ops
+
+
+def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
+    """Memory-bound kernels of a layer (bytes moved per token, bf16), each forward read + write and twice that
+    backward: the norms and residual adds of its blocks (a transformer layer's two, ``norms_per_layer`` norms;
+    one each in a hybrid layer), the feed-forward activation and RoPE on the attention's queries and keys; apart
+    where a recompute module redoes them: the norms ("layernorm"), the MLP activation ("mlp" in a dense layer,
+    "moe_act" for the routed experts), RoPE (with MLA's up-projections, "mla_up_proj")."""
+    t, h, sp = cfg.tp, model.hidden_size, sp_degree(cfg)
+    share = kind.blocks / 2  # of a two-block layer's norms and residual adds
     norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
     resid_elems = 3 + (0.5 if model.dropout else 0)  # fused bias-dropout-add: read x and residual, write; 1-B mask
     per_elem = 3 if model.gated_mlp else 2  # SwiGLU: read 2f write f; GeLU: read + write
-    if moe:
+    if kind.moe:
         routed_width = model.moe_ffn_hidden_size * model.experts_per_token / t
         shared_width = model.moe_ffn_hidden_size * model.num_shared_experts / t
     else:
-        routed_width, shared_width = 0.0, model.ffn_hidden_size / t
-    rope_elems = 0 if model.learned_positions else 2 * (model.q_dim + model.kv_dim) / t
-    for name, elems, module in (("norms", model.norms_per_layer * norm_elems * h / sp, "layernorm"),
-                                ("residual", 2 * resid_elems * h / sp, ""),
-                                ("mlp_act", per_elem * shared_width, "" if moe else "mlp"),
+        routed_width, shared_width = 0.0, (model.ffn_hidden_size / t if kind.ffn else 0.0)
+    rotary = kind.mixer == "attention" and model.rotary_positions and not model.learned_positions
+    rope_elems = 2 * (model.q_dim + model.kv_dim) / t if rotary else 0
+    ops = []
+    for name, elems, module in (("norms", share * model.norms_per_layer * norm_elems * h / sp, "layernorm"),
+                                ("residual", share * 2 * resid_elems * h / sp, ""),
+                                ("mlp_act", per_elem * shared_width, "" if kind.moe else "mlp"),
                                 ("moe_act", per_elem * routed_width, "moe_act"),
                                 ("rope", rope_elems, "mla_up_proj" if model.is_mla else "")):
         if np.any(elems):
-            ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * T * elems, bwd_ratio=2.0, weight_grad_fraction=0.0,
-                          recompute_module=module))
+            ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * cfg.tokens_per_rank * elems, bwd_ratio=2.0,
+                          weight_grad_fraction=0.0, recompute_module=module))
     return ops
+
+
+@dataclass(frozen=True)
+class SsdTraffic:
+    """Per token and TP rank of one, the Mamba-2 SSD kernels' HBM bytes forward and backward and their FLOPs
+    forward (:func:`ssd_traffic`); a TP rank of t moves and computes 1/t of each."""
+
+    fwd_bytes: float
+    bwd_bytes: float
+    fwd_flops: float
+
+
+def ssd_traffic(model: ModelSpec) -> SsdTraffic:
+    """The chunked SSD algorithm (Dao & Gu 2024, Sec. 6) as mamba_ssm runs it in training
+    (mamba_ssm/ops/triton/ssd_combined.py ``_mamba_chunk_scan_combined_fwd`` / ``_bwd``, which Megatron-Core's
+    ``mamba_split_conv1d_scan_combined`` calls), kernel by kernel, in bytes per token: with H heads of head dim P
+    (inner width d = HP), state N, G groups of B and C and chunks of Q tokens, each token carries d of x and of the
+    gate z, GN of B and of C, H of dt, a share S = HPN/Q of the fp32 chunk states and GQ of the fp32 C B^T block.
+    Forward: chunk cumsum (dt read bf16, dA and dt written fp32: 10H), chunk state (B, x, dt, dA read, fp32 states
+    written: 2GN + 2d + 8H + 4S), state passing (fp32 states read, bf16 written: 6S), C B^T (4GN + 4GQ), chunk scan
+    (C B^T, x, z, dt, dA, C, states read, the gated and the raw output written: 4GQ + 8d + 8H + 2GN + 2S), in all
+    26H + 8GN + 10d + 12S + 8GQ. Backward recomputes cumsum, C B^T, chunk states and their passing (it keeps none of
+    them), then runs dz (12d), dstates (2GN + 4H + 2d + 2S), state-passing backward (8S), dx (6d + 12H + 2GN + 4GQ +
+    2S), dB (2d + 8H + 2S + 4GN), dC (2S + 4H + 2d + 4GN), dCB (4d + 8H + 4GQ), two C B^T backward (12GN + 8GQ),
+    ddA (4d + 12H + 4GQ) and the cumsum backward (10H): 76H + 30GN + 34d + 26S + 24GQ. FLOPs forward: chunk states
+    2dN, C B^T 2GQN, the chunk scan's intra-chunk 2dQ and inter-chunk 2dN."""
+    H, P, N, G, Q = (model.mamba_heads, model.mamba_head_dim, model.mamba_state_dim, model.mamba_groups,
+                     model.mamba_chunk_size)
+    d, S, GN, GQ = H * P, H * P * N / Q, G * N, G * Q
+    fwd = 26 * H + 8 * GN + 10 * d + 12 * S + 8 * GQ
+    bwd = 76 * H + 30 * GN + 34 * d + 26 * S + 24 * GQ
+    return SsdTraffic(fwd_bytes=float(fwd), bwd_bytes=float(bwd), fwd_flops=float(4 * d * N + 2 * GQ * N + 2 * d * Q))
+
+
+#: backward / forward HBM traffic of the Mamba mixer's causal depthwise convolution in Megatron-Core's training path
+#: (``mamba_split_conv1d_scan_combined``: forward reads x B C and writes them convolved, 4 B per channel; backward
+#: recomputes that forward and runs causal_conv1d's backward, reading the input and the output gradient and writing
+#: the input gradient, 4 + 6 = 10 B)
+MAMBA_CONV_BWD_RATIO = 10 / 4
+
+
+def mamba_ops(model: ModelSpec, cfg: Config) -> list[Op]:
+    """A Mamba-2 mixer (Dao & Gu 2024, Sec. 7; megatron/core/ssm/mamba_mixer.py), split over TP by heads and groups
+    as Megatron-Core splits it: the in-projection to z, x, B, C and dt (h -> 2d + 2GN + H, column-parallel), the
+    causal depthwise convolution over x, B and C, the SSD scan (:func:`ssd_traffic`: memory-bound at these shapes,
+    timed by the roofline of its FLOPs and bytes), the gated group RMSNorm over d and the out-projection
+    (d -> h, row-parallel). The scan runs in bf16 / fp32 whatever the GEMM precision."""
+    T, t, h = cfg.tokens_per_rank, cfg.tp, model.hidden_size
+    d, GN, H = model.mamba_inner, model.mamba_groups * model.mamba_state_dim, model.mamba_heads
+    ssd = ssd_traffic(model)
+    local = T / t  # the per-rank share of every head-split tensor
+    return (_linear("mamba_in_proj", T, h, (2 * d + 2 * GN + H) / t, cfg)
+            + [Op("mamba_conv1d", "memory", hbm_bytes=ACT_BYTES * 2 * (d + 2 * GN) * local,
+                  bwd_ratio=MAMBA_CONV_BWD_RATIO, weight_grad_fraction=0.0),
+               Op("mamba_ssd", "scan", flops=ssd.fwd_flops * local, hbm_bytes=ssd.fwd_bytes * local,
+                  bwd_ratio=ssd.bwd_bytes / ssd.fwd_bytes, weight_grad_fraction=0.0),
+               Op("mamba_norm", "memory", hbm_bytes=ACT_BYTES * 2 * d * local, bwd_ratio=2.0,
+                  weight_grad_fraction=0.0)]
+            + _linear("mamba_out_proj", T, d / t, h, cfg))
 
 
 def attended_keys(cfg: Config):
@@ -305,6 +393,11 @@ def op_time_s(op: Op, gpu: GPU):
         return np.maximum(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
     if op.kind == "attention":
         return op.flops / (gpu.peak_flops * gpu.attention_efficiency)
+    if op.kind == "scan":
+        # a fused kernel of many small matmuls over a long stream (the Mamba-2 SSD): the slower of its FLOPs at the
+        # matmul efficiency of its whole work and its bytes at the memory-bound kernels' efficiency
+        compute = op.flops / (gpu.peak_flops * gpu.matmul_efficiency(op.flops))
+        return np.maximum(compute, op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
     return op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)
 
 
@@ -389,9 +482,17 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
     if model.is_moe:
         moe_mlp = 2 * n_mats * h * model.moe_ffn_hidden_size * (model.experts_per_token + model.num_shared_experts)
         moe_mlp += 2 * h * model.num_experts
-    per_token_layers = (model.num_layers - model.num_moe_layers) * (attn_proj + dense_mlp) + \
-        model.num_moe_layers * (attn_proj + moe_mlp)
-    attn_core = 2 * (s if keys is None else keys) * (model.attn_q_dim + model.attn_out_dim) * model.num_layers * (0.5 if causal_half else 1.0)
+    mamba = 0.0
+    if model.mamba_heads:  # in- and out-projection weights, 2 FLOPs each, and the SSD scan (ssd_traffic)
+        d, GN = model.mamba_inner, model.mamba_groups * model.mamba_state_dim
+        mamba = 2 * h * (2 * d + 2 * GN + model.mamba_heads) + 2 * d * h + ssd_traffic(model).fwd_flops
+    per_kind = {"attention": attn_proj, "mamba": mamba, "": 0.0}, {"dense": dense_mlp, "moe": moe_mlp, "": 0.0}
+    kinds = model.layer_kinds
+    counts = [model.kind_index.count(k) for k in range(len(kinds))]
+    per_token_layers = sum(n * (per_kind[0][k.mixer] + per_kind[1][k.ffn]) for n, k in zip(counts, kinds))
+    attention_layers = sum(n for n, k in zip(counts, kinds) if k.mixer == "attention")
+    attn_core = 2 * (s if keys is None else keys) * (model.attn_q_dim + model.attn_out_dim) * attention_layers * \
+        (0.5 if causal_half else 1.0)
     head = 2 * h * model.vocab_size
     vision = 0.0
     if model.vision_layers:  # the encoder and projector on each sample's images (whole attention squares)

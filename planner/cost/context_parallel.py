@@ -201,3 +201,26 @@ def cp_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, cp_group: com
                   fwd_bytes=pick(uly_sent, ring_fwd_b), bwd_bytes=pick(uly_sent, ring_bwd_b),
                   buffer_bytes=pick(qkv + out, max(RING_FWD_BUFFERS, RING_BWD_BUFFERS) * block),
                   step_compute_s=pick(0.0, step_compute), step_comm_s=pick(0.0, step_comm))
+
+
+def mamba_cp_cost(model: ModelSpec, cluster: Cluster, cfg: Config, cp_group: comm.GroupPlacement) -> CPCost:
+    """CP communication of one Mamba-2 layer (Megatron-Core ``MambaContextParallel``,
+    megatron/core/ssm/mamba_context_parallel.py): the scan runs along the whole sequence, so before the convolution
+    an all-to-all turns the sequence-sharded in-projection output (z, x, B, C, dt: 2d + 2GN + H per token after
+    TP) into head-sharded full sequences, and after the scan another returns the d-wide output; the same two in
+    backward, none overlapped (as Ulysses, whose :func:`comm.all_to_all_s` prices them). Needs the heads and groups
+    (after TP) divisible by cp (``validity``). Without CP every field is 0."""
+    cp = np.asarray(cfg.cp)
+    T = cfg.tokens_per_rank
+    d, GN = model.mamba_inner, model.mamba_groups * model.mamba_state_dim
+    into = T * (2 * d + 2 * GN + model.mamba_heads) / cfg.tp * ACT_BYTES
+    out = T * d / cfg.tp * ACT_BYTES
+    a2a = comm.all_to_all_s(cluster, cp_group, into) + comm.all_to_all_s(cluster, cp_group, out)
+    has_cp = cp > 1
+    sent = np.where(has_cp, (cp - 1) / cp * (into + out), 0.0)
+    return CPCost(fwd_exposed_s=np.where(has_cp, a2a, 0.0), bwd_exposed_s=np.where(has_cp, a2a, 0.0),
+                  fwd_bytes=sent, bwd_bytes=sent, buffer_bytes=np.where(has_cp, into + out, 0.0))
+
+
+#: a layer without a token mixer (a hybrid model's MLP and MoE layers) exchanges nothing over CP
+NO_CP = CPCost(fwd_exposed_s=0.0, bwd_exposed_s=0.0, fwd_bytes=0.0, bwd_bytes=0.0, buffer_bytes=0.0)

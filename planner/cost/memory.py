@@ -18,7 +18,7 @@ import numpy as np
 
 from planner.cost.compute import Config, expert_tp_token_share, sp_degree
 from planner.specs.config import per_precision, recompute_module_on
-from planner.specs.model import ModelSpec
+from planner.specs.model import DENSE_LAYER, MOE_LAYER, LayerKind, ModelSpec
 
 WEIGHT_BYTES = 2  # bf16 weights
 GRAD_BYTES = 2  # bf16 gradients (ZeRO paper's 2 + 2 + 12)
@@ -82,14 +82,36 @@ def expert_params_per_layer(model: ModelSpec) -> int:
     return model.num_experts * dense_mlp_params(model, model.moe_ffn_hidden_size) if model.is_moe else 0
 
 
-def layer_params(model: ModelSpec, moe: bool = False) -> int:
-    """All parameters of one decoder layer (attention, MLP or MoE incl. shared experts and router, two norms)."""
-    n = attention_params(model) + model.norms_per_layer * norm_params(model)
-    if moe:
+def mamba_params(model: ModelSpec) -> int:
+    """A Mamba-2 mixer's weights (megatron/core/ssm/mamba_mixer.py): the in-projection h x (2d + 2GN + H) (z, x, B,
+    C, dt), the depthwise convolution over x, B and C (kernel and bias per channel), A_log, D and dt_bias per head,
+    the gated RMSNorm's weight over d and the out-projection d x h; no projection biases (Nemotron-H
+    ``mamba_proj_bias`` false)."""
+    h, d, GN, H = model.hidden_size, model.mamba_inner, model.mamba_groups * model.mamba_state_dim, model.mamba_heads
+    conv_channels = d + 2 * GN
+    return h * (2 * d + 2 * GN + H) + conv_channels * (model.mamba_conv_kernel + 1) + 3 * H + d + d * h
+
+
+def mixer_params(model: ModelSpec, kind: LayerKind) -> int:
+    """The token mixer of a layer of kind ``kind``: attention, a Mamba-2 mixer, or none."""
+    return {"attention": attention_params, "mamba": mamba_params}.get(kind.mixer, lambda m: 0)(model)
+
+
+def layer_norms(model: ModelSpec, kind: LayerKind) -> int:
+    """Norm weights of a layer, replicated over TP (Megatron): ``norms_per_layer`` for a transformer layer's two
+    blocks, half of them per block in a hybrid layer."""
+    return model.norms_per_layer * kind.blocks // 2 * norm_params(model)
+
+
+def layer_params(model: ModelSpec, kind: LayerKind = DENSE_LAYER) -> int:
+    """All parameters of one decoder layer of kind ``kind`` (its mixer, its MLP or MoE incl. shared experts and
+    router, its norms)."""
+    n = mixer_params(model, kind) + layer_norms(model, kind)
+    if kind.moe:
         n += expert_params_per_layer(model)
         n += model.num_shared_experts * dense_mlp_params(model, model.moe_ffn_hidden_size)
         n += model.hidden_size * model.num_experts  # router
-    else:
+    elif kind.ffn:
         n += dense_mlp_params(model)
     return n
 
@@ -118,9 +140,8 @@ def vision_params(model: ModelSpec) -> int:
 
 def total_params(model: ModelSpec, seq_len: int | None = None) -> int:
     """Total parameters (Narayanan Eq. 2 for GPT with learned positions of length s), a vision encoder's included."""
-    dense_layers = model.num_layers - model.num_moe_layers
-    return (dense_layers * layer_params(model) + model.num_moe_layers * layer_params(model, moe=True)
-            + embedding_params(model, seq_len) + head_params(model) + vision_params(model))
+    layers = sum(model.kind_index.count(k) * layer_params(model, kind) for k, kind in enumerate(model.layer_kinds))
+    return layers + embedding_params(model, seq_len) + head_params(model) + vision_params(model)
 
 
 def active_params(model: ModelSpec, seq_len: int | None = None) -> int:
@@ -151,8 +172,9 @@ def saved_linear_input_bytes(precision):
     return per_precision(precision, SAVED_INPUT_BYTES.items(), 2.0)
 
 
-def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | None = None, moe: bool = False):
-    """Activation bytes one layer keeps for backward, one micro-batch, on one GPU.
+def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | None = None,
+                               kind: LayerKind = DENSE_LAYER):
+    """Activation bytes one layer of kind ``kind`` keeps for backward, one micro-batch, on one GPU.
 
     Korthikanti et al. 2022 Table 2, counted tensor by tensor (bytes per token, 16-bit):
       replicated across TP unless SP: two norm inputs 4h, QKV input 2h, MLP input 2h, two dropout masks 2h
@@ -175,31 +197,43 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
     def on(module):  # selective recomputation of this module (Megatron-Core --recompute-modules) drops its tensors
         return (mode == "selective") & recompute_module_on(cfg.recompute_modules, module)
 
+    moe, attention = kind.moe, kind.mixer == "attention"
     if moe:
         k = model.experts_per_token
         f_total = model.moe_ffn_hidden_size * (k + model.num_shared_experts)
     else:
-        f_total = model.ffn_hidden_size
+        f_total = model.ffn_hidden_size if kind.ffn else 0
     # gated: fc1's two outputs (bf16, the activation's backward) + fc2's input; GELU: fc1 output + fc2 input
     mlp = (4 if model.gated_mlp else 2) * f_total + lin * f_total
-    mlp_in = lin * h
+    mlp_in = lin * h if kind.ffn else 0.0
     if moe:  # "moe_act" discards the routed experts' activation output (fc2's input) and redoes it in backward
         mlp = mlp - np.where(on("moe_act"), lin * model.moe_ffn_hidden_size * k, 0.0)
-    else:  # "mlp" checkpoints a dense layer's MLP: only its input stays, in bf16
+    elif kind.ffn:  # "mlp" checkpoints a dense layer's MLP: only its input stays, in bf16
         mlp = np.where(on("mlp"), 0.0, mlp)
         mlp_in = np.where(on("mlp"), 2 * h, mlp_in)
-    # "layernorm" discards both norms' outputs (the QKV and MLP inputs) and redoes the norms in backward
-    replicated = 4 * h + np.where(on("layernorm"), 0.0, lin * h + mlp_in) + (2 * h if model.dropout else 0)
-    # Q, K, V and the attention output (for MLA their per-head widths, DeepSeek-V2 Sec. 2.1.2); "mla_up_proj"
-    # discards Q, K and V (the up-projections' and RoPE's outputs) and redoes them in backward
-    qkv = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim)
-    if model.is_mla:
-        qkv = np.where(on("mla_up_proj"), 0.0, qkv)
-    split = qkv + 2 * model.attn_out_dim + mlp + fp8_copy * model.attn_out_dim
+    # each block's norm input (2h); "layernorm" discards the norms' outputs (the mixer's and the MLP's inputs) and
+    # redoes the norms in backward
+    mixer_in = lin * h if kind.mixer else 0.0
+    replicated = 2 * kind.blocks * h + np.where(on("layernorm"), 0.0, mixer_in + mlp_in) + \
+        (kind.blocks * h if model.dropout else 0)
+    split = mlp
+    if attention:
+        # Q, K, V and the attention output (for MLA their per-head widths, DeepSeek-V2 Sec. 2.1.2); "mla_up_proj"
+        # discards Q, K and V (the up-projections' and RoPE's outputs) and redoes them in backward
+        qkv = 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim)
+        if model.is_mla:
+            qkv = np.where(on("mla_up_proj"), 0.0, qkv)
+        split = qkv + 2 * model.attn_out_dim + mlp + fp8_copy * model.attn_out_dim
+    elif kind.mixer == "mamba":
+        # Megatron-Core's training path (mamba_split_conv1d_scan_combined) keeps the in-projection's output z x B C
+        # dt and the scan's raw output (mamba_ssm MambaSplitConv1dScanCombinedFn.save_for_backward), then the
+        # gated RMSNorm its input and the out-projection its input, as a linear layer does
+        d, GN = model.mamba_inner, model.mamba_groups * model.mamba_state_dim
+        split = 2 * (2 * d + 2 * GN + model.mamba_heads) + 2 * d + 2 * d + lin * d + mlp
     if moe:
         split += 4 * model.num_experts  # router logits + probs, fp32 (tiny)
     per_token = replicated / sp + split / t
-    if model.is_mla:  # the latents feeding the up-projections, whole on every TP rank (see mla_projection_ops)
+    if model.is_mla and attention:  # the latents feeding the up-projections, whole on every TP rank
         per_token = per_token + 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
     if moe:
         # Megatron-Core MoE: the k permuted token copies entering the experts (the experts' fc1 input, kept as a
@@ -208,20 +242,22 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         # activation (megatron/core/transformer/moe/experts.py, since Megatron-Core 0.13), so the combine keeps
         # no expert outputs for their gradient.
         per_token = per_token + lin * model.experts_per_token * h * expert_tp_token_share(cfg)
-    scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
-    lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
-    per_token = per_token + np.where(flash, lse, np.where(on("core_attn"), 0.0, scores))
+    if attention:
+        scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
+        lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
+        per_token = per_token + np.where(flash, lse, np.where(on("core_attn"), 0.0, scores))
     return np.where(mode == "full", tokens * 2 * h / sp, tokens * per_token)
 
 
-def offloaded_bytes_per_layer(model: ModelSpec, cfg: Config, moe: bool = False):
+def offloaded_bytes_per_layer(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER):
     """Activation bytes of one layer, one micro-batch, on one GPU that Megatron-Core's fine-grained activation
     offloading sends to host memory: the inputs of the modules in ``cfg.offload_modules``
     (megatron/core/transformer/transformer_config.py ``offload_modules``), each the tensor
     :func:`activation_bytes_per_layer` keeps for it: attn_norm the layer input 2h and mlp_norm the residual 2h
     (split with SP), qkv_linear the QKV projection's saved input (the norm output, ``SAVED_INPUT_BYTES`` per
     element, split with SP), core_attn Q, K and V, attn_proj the attention output (and its fp8 copy), split by TP;
-    in MoE layers expert_fc1 the k dispatched token copies and moe_act the routed experts' fc1 outputs. Nothing under
+    in MoE layers expert_fc1 the k dispatched token copies and moe_act the routed experts' fc1 outputs (each only in
+    a layer with that block: a hybrid model's Mamba layers offload nothing). Nothing under
     full recomputation, whose layers keep only their input (the validity rules refuse the combination)."""
     modules = cfg.offload_modules
     t, h = cfg.tp, model.hidden_size
@@ -232,10 +268,13 @@ def offloaded_bytes_per_layer(model: ModelSpec, cfg: Config, moe: bool = False):
     def on(name):
         return np.where(recompute_module_on(modules, name), 1.0, 0.0)
 
-    per_token = (on("attn_norm") + on("mlp_norm")) * 2 * h / sp + on("qkv_linear") * lin * h / sp
-    per_token = per_token + on("core_attn") * 2 * (model.attn_q_dim + model.attn_k_dim + model.attn_v_dim) / t
-    per_token = per_token + on("attn_proj") * (2 + fp8_copy) * model.attn_out_dim / t
-    if moe:
+    attention, ffn = float(kind.mixer == "attention"), float(bool(kind.ffn))  # the blocks these modules are in
+    per_token = (attention * on("attn_norm") + ffn * on("mlp_norm")) * 2 * h / sp + \
+        attention * on("qkv_linear") * lin * h / sp
+    per_token = per_token + attention * on("core_attn") * 2 * (model.attn_q_dim + model.attn_k_dim +
+                                                               model.attn_v_dim) / t
+    per_token = per_token + attention * on("attn_proj") * (2 + fp8_copy) * model.attn_out_dim / t
+    if kind.moe:
         k = model.experts_per_token
         per_token = per_token + on("expert_fc1") * lin * k * h * expert_tp_token_share(cfg)
         per_token = per_token + on("moe_act") * (4 if model.gated_mlp else 2) * model.moe_ffn_hidden_size * k / t
@@ -285,13 +324,14 @@ def embedding_activation_bytes(model: ModelSpec, cfg: Config):
 # ---------------------------------------------------------------------------------------------------------------
 # Model states
 # ---------------------------------------------------------------------------------------------------------------
-def layer_params_on_gpu(model: ModelSpec, tp, ep, moe: bool, etp=None):
-    """(dense, expert) parameters of one decoder layer on one GPU: the non-expert weights split by TP except the two
-    norms (replicated across TP, Megatron), the routed experts split over EP x expert TP (TP when ``etp`` is None)."""
-    norms = model.norms_per_layer * norm_params(model)
-    experts = expert_params_per_layer(model) if moe else 0
+def layer_params_on_gpu(model: ModelSpec, tp, ep, kind: LayerKind, etp=None):
+    """(dense, expert) parameters of one decoder layer of kind ``kind`` on one GPU: the non-expert weights split by
+    TP except the norms (replicated across TP, Megatron), the routed experts split over EP x expert TP (TP when
+    ``etp`` is None)."""
+    norms = layer_norms(model, kind)
+    experts = expert_params_per_layer(model) if kind.moe else 0
     etp = tp if etp is None else etp
-    dense = (layer_params(model, moe=moe) - experts - norms) / np.asarray(tp) + norms
+    dense = (layer_params(model, kind) - experts - norms) / np.asarray(tp) + norms
     return dense, experts / (np.asarray(ep) * etp)
 
 
@@ -303,7 +343,7 @@ def mtp_params(model: ModelSpec) -> tuple[int, int]:
     if not model.mtp_layers:
         return 0, 0
     experts = expert_params_per_layer(model) if model.is_moe else 0
-    block = layer_params(model, moe=model.is_moe) - experts
+    block = layer_params(model, MOE_LAYER if model.is_moe else DENSE_LAYER) - experts
     h = model.hidden_size
     return model.mtp_layers * (block + 2 * h * h + 2 * norm_params(model)), model.mtp_layers * experts
 
@@ -322,12 +362,12 @@ def end_params_on_gpu(model: ModelSpec, seq_len: int, tp, num_stages, ep=1, etp=
     return (embedding_params(model, seq_len) + vision_params(model)) / np.asarray(tp), head_gpu
 
 
-def gathered_layer_params(model: ModelSpec, tp, ep, moe: bool, etp=None):
-    """Parameters ZeRO-3 gathers for one layer on one GPU: the whole layer after TP (and EP x expert TP for the
-    experts)."""
-    experts = expert_params_per_layer(model) if moe else 0
+def gathered_layer_params(model: ModelSpec, tp, ep, kind: LayerKind, etp=None):
+    """Parameters ZeRO-3 gathers for one layer of kind ``kind`` on one GPU: the whole layer after TP (and EP x
+    expert TP for the experts)."""
+    experts = expert_params_per_layer(model) if kind.moe else 0
     etp = tp if etp is None else etp
-    return (layer_params(model, moe=moe) - experts) / np.asarray(tp) + experts / (np.asarray(ep) * etp)
+    return (layer_params(model, kind) - experts) / np.asarray(tp) + experts / (np.asarray(ep) * etp)
 
 
 @dataclass(frozen=True)

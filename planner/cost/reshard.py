@@ -78,14 +78,13 @@ def state_layout(model: ModelSpec, cfg: RunConfig) -> StateLayout:
     stage_of_layer = np.repeat(np.arange(n_stages), layers)
     L = model.num_layers
     stage_of_unit = np.concatenate([stage_of_layer, [0, n_stages - 1]])
-    moe_layer = np.zeros(L, dtype=bool)
-    if model.is_moe:
-        moe_layer[model.first_k_dense_layers:] = True
+    kinds = [model.layer_kinds[k] for k in model.kind_index]
+    moe_layer = np.array([kind.moe for kind in kinds], dtype=bool)
     experts_all = expert_params_per_layer(model)
     # the head's parameters as end_params_on_gpu counts them (the tied embedding's copy with pipeline stages), less
     # the MTP modules' experts, which are expert units here
     _, head = end_params_on_gpu(model, cfg.seq_len, 1, n_stages, 1, 1)
-    dense_params = np.array([layer_params(model, moe=bool(m)) - (experts_all if m else 0) for m in moe_layer] +
+    dense_params = np.array([layer_params(model, kind) - (experts_all if kind.moe else 0) for kind in kinds] +
                             [embedding_params(model, cfg.seq_len), float(head) - mtp_params(model)[1]], dtype=float)
     dense_held = holds_stage[pp_r][:, stage_of_unit]
     # ---- dense intervals: TP piece, then the ZeRO shard of the DP x CP (HSDP: shard) group

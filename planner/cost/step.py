@@ -17,7 +17,7 @@ from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_co
                                   vision_config, vision_projector_ops, head_ops, layer_ops,
                                   linear_gemm_fwd_s, model_flops_per_step, mtp_projection_ops, pass_times,
                                   recomputed)
-from planner.cost.context_parallel import cp_layer_cost
+from planner.cost.context_parallel import NO_CP, cp_layer_cost, mamba_cp_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
                                         expert_shard_degree, exposed_s, optimizer_step_s, packed_wait_s)
 from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
@@ -30,7 +30,7 @@ from planner.cost.validity import config_problems
 from planner.errors import PlannerError
 from planner.specs.config import ConfigBatch, RunConfig, even_layer_split
 from planner.specs.hardware import GIB, Cluster
-from planner.specs.model import ModelSpec
+from planner.specs.model import DENSE_LAYER, LayerKind, ModelSpec
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "BatchCosts", "EndCost", "Estimate", "LAYER_COSTS", "LayerCost", "StageEstimate",
            "end_costs", "batch_costs", "estimate", "layer_costs", "pipeline_send_s", "stage_layers"]
@@ -183,25 +183,27 @@ def _floats(obj, row: int | None = None):
     return type(obj)(**{f.name: float(pick(getattr(obj, f.name))) for f in fields(obj)})
 
 
-def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: comm.GroupPlacement, linear_gemm_s):
+def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: comm.GroupPlacement, linear_gemm_s,
+                    blocks: int = 2):
     """(forward, backward) TP communication of one layer on the critical path (Megatron, Shoeybi et al. 2019 Sec. 3;
-    Korthikanti et al. 2022 Sec. 4.2.2).
+    Korthikanti et al. 2022 Sec. 4.2.2), for a layer of ``blocks`` TP-split blocks (a transformer layer's attention
+    and MLP: 2; a hybrid model's layer: 1), each a column- then a row-parallel linear layer.
 
-    Forward: 2 all-reduces per layer, or 2 all-gathers + 2 reduce-scatters with SP, all on the critical path, unless
+    Forward: an all-reduce per block, or an all-gather + a reduce-scatter with SP, all on the critical path, unless
     ``tp_comm_overlap`` pipelines them with the linear layers' GEMMs (``linear_gemm_s``; Megatron
     ``--tp-comm-overlap``, Transformer Engine userbuffers), which hides up to the GEMMs' time. Backward: the
     column-parallel layers' collectives (the async input-gradient all-reduce; with SP the re-gather of the input and
     the gradient reduce-scatter) overlap their GEMMs; with SP the row-parallel layers' output-gradient all-gathers
-    (2 per layer) stay exposed. Overlapped communication still costs the compute stream a fraction
+    (1 per block) stay exposed. Overlapped communication still costs the compute stream a fraction
     (``gpu.comm_overlap_interference``) of its duration."""
     intf = cluster.gpu.comm_overlap_interference
     msg = cfg.tokens_per_rank * model.hidden_size * ACT_BYTES
     sp = np.asarray(cfg.sequence_parallel, dtype=bool)
     ag = comm.all_gather_s(cluster, tp_group, msg)
     rs = comm.reduce_scatter_s(cluster, tp_group, msg)
-    fwd = np.where(sp, 2 * (ag + rs), 2 * comm.all_reduce_s(cluster, tp_group, msg))
-    exposed_bwd = np.where(sp, 2 * ag, 0.0)
-    overlapped_bwd = np.where(sp, 2 * ag + 2 * rs, fwd)
+    fwd = np.where(sp, blocks * (ag + rs), blocks * comm.all_reduce_s(cluster, tp_group, msg))
+    exposed_bwd = np.where(sp, blocks * ag, 0.0)
+    overlapped_bwd = np.where(sp, blocks * ag + blocks * rs, fwd)
     bwd = exposed_bwd + overlapped_bwd * intf
     hidden = np.minimum(fwd, linear_gemm_s)
     fwd = np.where(cfg.tp_comm_overlap, fwd - hidden + hidden * intf, fwd)
@@ -209,33 +211,31 @@ def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: c
     return np.where(has_tp, fwd, 0.0), np.where(has_tp, bwd, 0.0)
 
 
-def kind_of(model: ModelSpec, kind: int) -> tuple[bool, bool | None]:
-    """(moe, window) of the model's kind ``kind`` of decoder layer (``ModelSpec.layer_kinds``: dense and MoE layers
-    in a MoE model; global and sliding-window layers in a dense model with ``positional_windows``; otherwise one
-    kind, its attention the model's average), as :func:`layer_costs` takes them."""
-    k = model.layer_kinds[int(kind)]
-    return k.moe, k.window
-
-
-def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups, moe: bool,
-                window: bool | None = None) -> LayerCost:
-    """Costs of one dense (``moe`` False) or MoE decoder layer for one configuration or a batch of them: the kernels
-    of ``compute.layer_ops``, TP communication (:func:`tp_layer_comm_s`), CP (``context_parallel.cp_layer_cost``),
-    EP (``moe.ep_layer_cost``) and the activations of ``memory.activation_bytes_per_layer``. ``window``: a
-    sliding-window (True) or global (False) attention layer, None: the model's average (:func:`kind_of`)."""
+def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups,
+                kind: LayerKind = DENSE_LAYER) -> LayerCost:
+    """Costs of one decoder layer of kind ``kind`` (``ModelSpec.layer_kinds``: dense or MoE, global or
+    sliding-window attention, a hybrid model's Mamba / attention / MLP / MoE layer) for one configuration or a batch
+    of them: the kernels of ``compute.layer_ops``, TP communication (:func:`tp_layer_comm_s`), CP
+    (``context_parallel.cp_layer_cost`` for attention, ``mamba_cp_cost`` for a Mamba mixer), EP
+    (``moe.ep_layer_cost``) and the activations of ``memory.activation_bytes_per_layer``."""
     gpu = cluster.gpu
-    ops = layer_ops(model, cfg, moe=moe, window=window)
+    ops = layer_ops(model, cfg, kind)
     pt = pass_times(ops, gpu, cfg.recompute_modules)
-    tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, linear_gemm_fwd_s(ops, gpu))
+    tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, linear_gemm_fwd_s(ops, gpu), kind.blocks)
     # CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses (all-to-all of
-    # heads); formulas and sources in planner.cost.context_parallel
+    # heads); a Mamba mixer's all-to-alls; formulas and sources in planner.cost.context_parallel
     attn_s, attn_ratio = attention_core_s(ops, gpu, cfg)
-    cpc = cp_layer_cost(model, cluster, cfg, groups.cp, attn_s, attn_ratio)
+    if kind.mixer == "attention":
+        cpc = cp_layer_cost(model, cluster, cfg, groups.cp, attn_s, attn_ratio)
+    elif kind.mixer == "mamba":
+        cpc = mamba_cp_cost(model, cluster, cfg, groups.cp)
+    else:
+        cpc = NO_CP
     # EP: token dispatch + combine all-to-all, forward and backward, and with TP the expert-TP gather / scatter of
-    # the k token copies (planner.cost.moe). That gather / scatter replaces the MLP half of the layer's TP
+    # the k token copies (planner.cost.moe). That gather / scatter replaces the MoE block's share of the layer's TP
     # collectives counted above, unless shared experts (a TP-parallel dense MLP) still need them.
     ep_fwd = 0.0
-    if moe:
+    if kind.moe:
         ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.etp if groups.etp is not None else
                                groups.tp).fwd_s
         # batch-level overlap (Megatron-Core's merged forward-backward of two micro-batches; DualPipe's F&B): each
@@ -245,14 +245,15 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
                            gpu.comm_overlap_interference) / 2
         ep_fwd = np.where(np.asarray(cfg.ep_comm_overlap, dtype=bool), paired, ep_fwd)
         if not model.num_shared_experts:
-            halve = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1)
-            tp_fwd, tp_bwd = np.where(halve, tp_fwd / 2, tp_fwd), np.where(halve, tp_bwd / 2, tp_bwd)
+            gathered = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1)
+            tp_fwd = np.where(gathered, tp_fwd * (kind.blocks - 1) / kind.blocks, tp_fwd)
+            tp_bwd = np.where(gathered, tp_bwd * (kind.blocks - 1) / kind.blocks, tp_bwd)
     selective = np.asarray(cfg.recompute) == "selective"
     rec_flops = sum(o.flops * recomputed(o, cfg.recompute_modules) for o in ops)
     # fine-grained activation offloading (Megatron-Core): the listed module inputs go to host memory as the layer's
     # forward produces them and come back ahead of its backward, on copy engines; a layer's copy hides under the
     # next layer's forward (its reload under the previous layer's backward), one layer in transit each way
-    off = offloaded_bytes_per_layer(model, cfg, moe)
+    off = offloaded_bytes_per_layer(model, cfg, kind)
     copy = comm.host_copy_s(cluster, off) if cluster.host_link_bytes_per_s else np.where(off > 0, np.inf, 0.0)
     fwd_window = pt.fwd_s + tp_fwd + cpc.fwd_exposed_s + ep_fwd
     bwd_window = pt.bwd_input_s + pt.bwd_weight_s + tp_bwd + cpc.bwd_exposed_s + ep_fwd
@@ -260,9 +261,9 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
         fwd_s=pt.fwd_s, bwd_input_s=pt.bwd_input_s, bwd_weight_s=pt.bwd_weight_s,
         selective_recompute_s=pt.selective_recompute_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
         cp_fwd_s=cpc.fwd_exposed_s, cp_bwd_s=cpc.bwd_exposed_s, ep_fwd_s=ep_fwd,
-        act_bytes=activation_bytes_per_layer(model, cfg, np.where(selective, "selective", "none"), moe) - off,
-        act_full_bytes=activation_bytes_per_layer(model, cfg, "full", moe),
-        act_none_bytes=activation_bytes_per_layer(model, cfg, "none", moe) - off,
+        act_bytes=activation_bytes_per_layer(model, cfg, np.where(selective, "selective", "none"), kind) - off,
+        act_full_bytes=activation_bytes_per_layer(model, cfg, "full", kind),
+        act_none_bytes=activation_bytes_per_layer(model, cfg, "none", kind) - off,
         recompute_flops=np.where(selective, rec_flops, 0.0), fwd_flops=sum(o.flops for o in ops),
         buffer_bytes=cpc.buffer_bytes + 2 * off, offload_bytes=off, attention_s=attn_s * (1 + attn_ratio),
         offload_fwd_s=exposed_s(copy, fwd_window, 0.0), offload_bwd_s=exposed_s(copy, bwd_window, 0.0))
@@ -328,7 +329,7 @@ def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Grou
     if model.vision_layers:  # the vision encoder and projector ahead of the embedding (first stage; their
         # backward, none of it needed upstream of the images, is counted with the embedding's as W)
         vcfg = vision_config(model, cfg)
-        enc = layer_costs(model.vision_encoder, cluster, vcfg, comm.groups_for(cluster, cfg.tp, 1, 1, 1), False)
+        enc = layer_costs(model.vision_encoder, cluster, vcfg, comm.groups_for(cluster, cfg.tp, 1, 1, 1))
         proj = pass_times(vision_projector_ops(model, vcfg), cluster.gpu)
         n = model.vision_layers
         emb_fwd = emb_fwd + n * enc.fwd_total_s + proj.fwd_s
@@ -342,7 +343,7 @@ def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Grou
     if model.mtp_layers:
         n = model.mtp_layers
         if block is None:
-            block = layer_costs(model, cluster, cfg, groups, moe=model.is_moe)
+            block = layer_costs(model, cluster, cfg, groups, model.layer_kinds[mtp_kind(model)])
         proj = pass_times(mtp_projection_ops(model, cfg), cluster.gpu)
         head_fwd = head_fwd + n * (block.fwd_total_s + proj.fwd_s + head.fwd_s)
         head_bwd_in = head_bwd_in + n * (block.bwd_input_total_s + proj.bwd_input_s + head.bwd_input_s)
@@ -416,10 +417,9 @@ class LayerCostCache:
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
               kind: int) -> LayerCost:
-        """The model's kind ``kind`` of layer (:func:`kind_of`)."""
-        moe, window = kind_of(model, kind)
+        """The model's kind ``kind`` of layer (an index into ``ModelSpec.layer_kinds``)."""
         return self._get(model, cluster, self._key(cfg) + (int(kind),),
-                         lambda: _floats(layer_costs(model, cluster, cfg, groups, moe, window)))
+                         lambda: _floats(layer_costs(model, cluster, cfg, groups, model.layer_kinds[int(kind)])))
 
     def end(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups) -> EndCost:
         block = self.layer(model, cluster, cfg, groups, mtp_kind(model)) if model.mtp_layers else None
@@ -443,8 +443,8 @@ def mtp_kind(model: ModelSpec) -> int:
 
 @dataclass(frozen=True)
 class BatchCosts:
-    """Layer costs of each of the model's kinds of layer (:func:`kind_of`: dense and MoE, or global and
-    sliding-window attention), and the end costs, of every configuration of a batch."""
+    """Layer costs of each of the model's kinds of layer (``ModelSpec.layer_kinds``: dense and MoE, global and
+    sliding-window attention, or a hybrid model's kinds), and the end costs, of every configuration of a batch."""
 
     kinds: tuple[LayerCost, ...]  # per ``ModelSpec.layer_kinds``
     ends: EndCost
@@ -455,8 +455,7 @@ def batch_costs(model: ModelSpec, cluster: Cluster, batch: ConfigBatch) -> Batch
     """:func:`layer_costs` and :func:`end_costs` of a batch in one pass, its groups placed by
     ``comm.groups_for``."""
     groups = comm.groups_for(cluster, batch.tp, batch.cp, 1, 1, batch.ep, batch.expert_tp)
-    kinds = tuple(layer_costs(model, cluster, batch, groups, *kind_of(model, k))
-                  for k in range(len(model.layer_kinds)))
+    kinds = tuple(layer_costs(model, cluster, batch, groups, kind) for kind in model.layer_kinds)
     return BatchCosts(kinds=kinds, groups=groups, ends=end_costs(model, cluster, batch, groups, kinds[mtp_kind(model)]))
 
 
@@ -494,9 +493,9 @@ def estimate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *, check: bool 
 def _param_counts(model: ModelSpec, tp: int, ep: int, etp: int, seq_len: int, num_stages: int):
     """One configuration's per-GPU parameter counts as floats (``memory.layer_params_on_gpu``,
     ``gathered_layer_params``, ``end_params_on_gpu``), memoized on what they read."""
-    kinds = [k.moe for k in model.layer_kinds]
-    per_layer = [tuple(float(x) for x in layer_params_on_gpu(model, tp, ep, moe, etp)) for moe in kinds]
-    gathered = [float(gathered_layer_params(model, tp, ep, moe, etp)) for moe in kinds]
+    kinds = model.layer_kinds
+    per_layer = [tuple(float(x) for x in layer_params_on_gpu(model, tp, ep, kind, etp)) for kind in kinds]
+    gathered = [float(gathered_layer_params(model, tp, ep, kind, etp)) for kind in kinds]
     ends = tuple(float(x) for x in end_params_on_gpu(model, seq_len, tp, num_stages, ep, etp))
     return per_layer, gathered, ends
 

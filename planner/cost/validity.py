@@ -14,8 +14,25 @@ from planner.specs.model import ModelSpec
 
 def tp_splits_heads(model: ModelSpec, tp: int) -> bool:
     """True when TP can split the attention: heads divide by TP, and KV heads either divide by TP or are fewer and
-    replicated (TP a multiple of them). Shared with the search's walk (``planner.search.space``)."""
+    replicated (TP a multiple of them); and a Mamba-2 mixer's heads and groups divide by TP (Megatron-Core's
+    MambaMixer asserts both). Shared with the search's walk (``planner.search.space``)."""
+    if model.mamba_heads and (model.mamba_heads % tp or model.mamba_groups % tp):
+        return False
     return not (model.num_heads % tp or model.num_kv_heads % tp and tp % model.num_kv_heads)
+
+
+def mamba_cp_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
+    """Why context parallelism cannot split a Mamba-2 mixer over cp ranks, or None: its all-to-alls hand each rank
+    whole heads, so the heads per TP rank must divide by cp, and the groups per TP rank either divide by cp or,
+    fewer, divide cp (then replicated) (megatron/core/ssm/mamba_context_parallel.py asserts both). Shared with the
+    search's walk."""
+    if not model.mamba_heads or cp <= 1:
+        return None
+    heads, groups = model.mamba_heads // tp, max(model.mamba_groups // tp, 1)
+    if heads % cp or groups % cp and cp % groups:
+        return f"the Mamba mixer's {heads} heads and {groups} groups per TP rank must divide by cp={cp} (groups " \
+               f"fewer than cp must divide it; Megatron-Core's Mamba context parallelism); use a smaller cp"
+    return None
 
 
 def ulysses_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
@@ -82,8 +99,9 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("gpus", f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs"))
     if not tp_splits_heads(model, cfg.tp):
         ok = [t for t in range(1, cluster.gpus_per_node + 1) if tp_splits_heads(model, t)]
-        out.append(("tp", f"{model.num_heads} attention heads / {model.num_kv_heads} KV heads are not divisible "
-                          f"by tp={cfg.tp}; use tp in {{{', '.join(map(str, ok))}}}"))
+        mamba = f" (Mamba: {model.mamba_heads} heads, {model.mamba_groups} groups)" if model.mamba_heads else ""
+        out.append(("tp", f"{model.num_heads} attention heads / {model.num_kv_heads} KV heads{mamba} are not "
+                          f"divisible by tp={cfg.tp}; use tp in {{{', '.join(map(str, ok))}}}"))
     if cfg.tp > cluster.gpus_per_node:
         out.append(("tp", f"tp={cfg.tp} is larger than a node ({cluster.gpus_per_node} GPUs); "
                           f"use tp <= {cluster.gpus_per_node}"))
@@ -118,6 +136,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
     if cfg.seq_len % (2 * cfg.cp) and cfg.cp > 1:
         out.append(("cp", f"seq_len {cfg.seq_len} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
                           f"causal split)"))
+    if mamba_cp_problem(model, cfg.tp, cfg.cp):
+        out.append(("cp", mamba_cp_problem(model, cfg.tp, cfg.cp)))
     if cfg.cp_kind not in CP_KINDS:
         out.append(("cp_kind", f"unknown context-parallel kind '{cfg.cp_kind}'; use one of {', '.join(CP_KINDS)}"))
     elif cfg.cp_kind == "ulysses" and cfg.cp > 1:

@@ -35,6 +35,15 @@ class Export:
     suffix: str
 
 
+#: the launchers that train hybrid (Mamba / attention / MLP / MoE) layer patterns: Megatron-LM's pretrain_hybrid.py
+#: and Megatron-Bridge's HybridModelProvider recipes (Nemotron-H, Nemotron 3); torchtitan and DeepSpeed have no
+#: Mamba layer
+HYBRID_TARGETS = ("megatron", "nemo")
+HYBRID_REFUSAL = ("a hybrid Mamba / attention model (only Megatron-LM's pretrain_hybrid.py and Megatron-Bridge's "
+                  "hybrid recipes train one)")
+HYBRID_FIX = "export to megatron or nemo"
+
+
 def target_module(target: str, option: str = "--to"):
     """The exporter module of a target (its RELEASE, FORMAT, CHECKED_BY, render, notes)."""
     if target not in _TARGETS:
@@ -52,6 +61,8 @@ def export(plan: Any, target: str, *, source: str = "<plan>", option: str = "--t
                                   "launch configs; Megatron-LM trains LLaVA-style models through examples/multimodal, "
                                   "Megatron-Bridge through its VLM recipes)",
                           "use the plan's degrees and layer split by hand in the multimodal launcher")
+    if view.model is not None and view.model.layer_pattern and target not in HYBRID_TARGETS:
+        raise unsupported(target, HYBRID_REFUSAL, HYBRID_FIX)
     if target != "megatron" and view.hybrid_cp_max_per_rank is not None:
         raise unsupported(target, "Megatron-Core's hybrid (dynamic) context parallelism (--hybrid-context-parallel; "
                                   "the planner writes it for Megatron-LM only)",

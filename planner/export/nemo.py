@@ -23,7 +23,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
                                     unsupported)
-from planner.export.megatron import CP_COMM_TYPE, FSDP_SHARDING, check_plan, environment, layout_string
+from planner.export.megatron import CP_COMM_TYPE, FSDP_SHARDING, check_plan, environment, hybrid_pattern, layout_string
 
 LAUNCHER = "nemo"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -63,7 +63,12 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         out["model.expert_tensor_parallel_size"] = cfg.expert_tp
     if cfg.cp > 1:
         out["model.cp_comm_type"] = CP_COMM_TYPE[cfg.cp_kind]
-    if cfg.pp > 1 and not view.even_split:
+    if view.model is not None and view.model.layer_pattern:
+        # a hybrid model (HybridModelProvider, the Nemotron-H recipes): the pattern carries the pipeline split as
+        # '|' segments; Megatron Core refuses pipeline_model_parallel_layout with a hybrid pattern
+        out["model.hybrid_layer_pattern"] = hybrid_pattern(view.model.layer_pattern,
+                                                           view.layers_per_stage if cfg.pp > 1 else None)
+    elif cfg.pp > 1 and not view.even_split:
         out["model.pipeline_model_parallel_layout"] = layout_string(view.layers_per_stage)
     out.update({"model.seq_length": cfg.seq_len, "dataset.seq_length": cfg.seq_len,
                 "train.micro_batch_size": cfg.micro_batch_size, "train.global_batch_size": cfg.global_batch_size})

@@ -121,6 +121,11 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                            "(Megatron-LM trains such models through examples/multimodal, Megatron-Bridge through its "
                            "VLM recipes)", source=f"--emit {target}",
                            fix="plan without --emit and carry the degrees and layer split into the multimodal launcher")
+    from planner.export import HYBRID_FIX, HYBRID_REFUSAL, HYBRID_TARGETS
+
+    if getattr(model, "layer_pattern", "") and target not in HYBRID_TARGETS and option == "--emit":
+        raise PlannerError(f"{target} configs cannot be written for {HYBRID_REFUSAL}", source=f"--emit {target}",
+                           fix=HYBRID_FIX)
     check_model = getattr(target_module(target, option), "check_model", None)
     if check_model is not None:  # a launcher that runs only the models it ships: refuse before searching
         check_model(model.name, option)

@@ -213,12 +213,12 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
             picks["n"][u, col], picks["nm"][u, col], picks["infl"][u, col] = n[r], nm[r], infl[r]
             picks["emb"][u, col], picks["head"][u, col] = emb[r], head[r]
     # ---- parameters on one GPU (memory.layer_params_on_gpu / gathered_layer_params, as step.estimate) -------------
-    dense_pl, _ = layer_params_on_gpu(model, tp, ep, moe=False)
-    moe_dense, expert_pl = dense_pl, np.zeros(len(tp))
-    largest_d = largest_m = gathered_layer_params(model, tp, ep, moe=False)
-    if model.is_moe:
-        moe_dense, expert_pl = layer_params_on_gpu(model, tp, ep, moe=True, etp=etp)
-        largest_m = gathered_layer_params(model, tp, ep, moe=True, etp=etp)
+    # per memory class, the least of its kinds' (a floor); a class no kind is in stands for the other's
+    on_gpu = [layer_params_on_gpu(model, tp, ep, kind, etp) for kind in model.layer_kinds]
+    gathered = [gathered_layer_params(model, tp, ep, kind, etp) for kind in model.layer_kinds]
+    (dense_pl, _), (moe_dense, expert_pl) = _per_class(mem_class, on_gpu, len(tp))
+    largest_d, largest_m = _per_class(mem_class, [(g,) for g in gathered], len(tp))
+    largest_d, largest_m = largest_d[0], largest_m[0]
     stages = pp * vpp
     emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages, ep, etp)
     copies = _stage_copies(space, slice(None))  # DualPipe: each stage's two copies join its ZeRO shards
@@ -252,10 +252,24 @@ _TABLE_NAMES = ("fwd", "bwd_in", "bwd_w", "sel", "full", "full_min", "act_none",
 
 
 def memory_classes(model: ModelSpec) -> tuple[int, ...]:
-    """Per kind of layer (``ModelSpec.layer_kinds``), the class the memory bounds count it in: 0 the first kind, 1
-    the second (MoE layers, whose experts the expert-parallel tables shard, or sliding-window ones). The bounds
-    keep one parameter and activation size per class, the least of its kinds' (a floor)."""
+    """Per kind of layer (``ModelSpec.layer_kinds``), the class the memory bounds count it in: in a MoE model 1 for
+    the MoE kinds (whose experts the expert-parallel tables shard), 0 for the others (dense, a hybrid model's Mamba,
+    attention and MLP layers); otherwise 0 the first kind, 1 the others (sliding-window layers). The bounds keep one
+    parameter and activation size per class, the least of its kinds' (a floor)."""
+    if model.is_moe:
+        return tuple(int(kind.moe) for kind in model.layer_kinds)
     return tuple(min(k, 1) for k in range(len(model.layer_kinds)))
+
+
+def _per_class(mem_class: tuple[int, ...], per_kind: list[tuple], n: int) -> list[tuple[np.ndarray, ...]]:
+    """For memory classes 0 and 1, the element-wise least of ``per_kind``'s tuples (one per kind of layer, arrays
+    over the groups) over the kinds of that class; a class without kinds takes the other's."""
+    out = []
+    for c in (0, 1):
+        rows = [values for values, cls in zip(per_kind, mem_class) if cls == c]
+        out.append(tuple(np.min(np.broadcast_arrays(*(np.zeros(n) + v for v in column)), axis=0)
+                         for column in zip(*rows)) if rows else None)
+    return [x if x is not None else out[1 - c] for c, x in enumerate(out)]
 
 
 def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective") -> ConfigBatch:

@@ -19,9 +19,12 @@ from planner.errors import PlannerError
 #: family differences of :data:`FAMILY_RULES`
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "deepseek_v2", "qwen3",
               "qwen3_moe", "gemma2", "gemma3_text", "gemma3", "gpt_oss", "phi3", "olmo2", "llama4", "llama4_text")
+#: model_type values of hybrid models: layers of one kind each (Mamba-2 mixer, attention, MLP, MoE) in the order of a
+#: Megatron-Core hybrid layer pattern (``hybrid_override_pattern``)
+HYBRID = ("nemotron_h",)
 #: model_type values with a GPT-style block (LayerNorm, a non-gated GELU MLP), each read by its own field names
 GPT_LIKE = ("gpt2", "gpt_neox", "falcon", "starcoder2", "mpt")
-SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GPT_LIKE + ("llava",)
+SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GPT_LIKE + HYBRID + ("llava",)
 #: per Llama-like family, what its config.json does not spell out (transformers' modeling_<type>.py): QK-norm
 #: ("head": one RMSNorm weight of head_dim for queries and one for keys, Qwen3 / Gemma 3; "full": over the whole
 #: query and key widths, OLMo 2), norms per layer (Gemma 2 / 3 norm before and after attention and MLP), biases of
@@ -55,11 +58,33 @@ MAX_JSON_FILE_BYTES = 64 * 2**20
 
 @dataclass(frozen=True)
 class LayerKind:
-    """One kind of decoder layer, as the cost model prices it: ``moe`` routed experts in place of the dense MLP;
-    ``window`` a sliding-window (True) or global (False) attention layer, None the model's average."""
+    """One kind of decoder layer, as the cost model prices it: its token mixer (``mixer``: "attention", "mamba" a
+    Mamba-2 SSD mixer, or "" none) and its feed-forward block (``ffn``: "dense" MLP, "moe" routed experts, or ""
+    none). A transformer's decoder layer holds both (attention + MLP or MoE); a hybrid model's layers hold one each
+    (Megatron-Core's hybrid layer pattern: M Mamba, * attention, - MLP, E MoE). ``window``: a sliding-window (True)
+    or global (False) attention layer, None the model's average."""
 
-    moe: bool = False
+    mixer: str = "attention"
+    ffn: str = "dense"
     window: bool | None = None
+
+    @property
+    def moe(self) -> bool:
+        return self.ffn == "moe"
+
+    @property
+    def blocks(self) -> int:
+        """Residual blocks of the layer (a pre-norm and a residual add each): the mixer and the feed-forward."""
+        return int(bool(self.mixer)) + int(bool(self.ffn))
+
+
+#: a transformer's dense and MoE decoder layers
+DENSE_LAYER = LayerKind()
+MOE_LAYER = LayerKind(ffn="moe")
+#: Megatron-Core's hybrid layer symbols (megatron/core/models/hybrid/hybrid_layer_allocation.py ``Symbols``) and the
+#: kind of layer each builds, in the order :attr:`ModelSpec.layer_kinds` lists them
+HYBRID_SYMBOLS = {"M": LayerKind(mixer="mamba", ffn=""), "*": LayerKind(ffn=""),
+                  "-": LayerKind(mixer="", ffn="dense"), "E": LayerKind(mixer="", ffn="moe")}
 
 
 @dataclass(frozen=True)
@@ -83,6 +108,8 @@ class ModelSpec:
     gated_mlp: bool = True  # SwiGLU (three matrices) vs GELU (two)
     norm: str = "rmsnorm"  # or "layernorm" (has a bias: twice the parameters and bytes)
     learned_positions: bool = False
+    #: rotary position embeddings on queries and keys (False: none, as Nemotron-H's attention layers)
+    rotary_positions: bool = True
     linear_bias: bool = False  # biases on the attention projections
     mlp_bias: bool = False  # biases on the MLP (and expert) projections
     dropout: bool = False  # Megatron GPT keeps dropout masks (Korthikanti Table 2 counts them)
@@ -132,6 +159,21 @@ class ModelSpec:
     vision_heads: int = 0
     vision_tokens: int = 0
     vision_images: int = 0
+    #: a hybrid model's layers in order, one Megatron-Core hybrid symbol each (:data:`HYBRID_SYMBOLS`: "M" Mamba-2,
+    #: "*" attention, "-" MLP, "E" MoE; Hugging Face ``hybrid_override_pattern``); "" = transformer decoder layers
+    layer_pattern: str = ""
+    #: the hybrid symbols the model's kinds of layer are, in :data:`HYBRID_SYMBOLS` order (those of its pattern as
+    #: loaded; kept when :meth:`uniform` rewrites the pattern, so the kinds and their indices stay the model's)
+    layer_symbols: str = ""
+    #: Mamba-2 mixer shapes (Dao & Gu 2024, "Transformers are SSMs", Sec. 7; megatron/core/ssm/mamba_mixer.py):
+    #: heads x head dim = the inner width, SSM state size N, groups sharing B and C, the depthwise convolution's
+    #: kernel and the chunk length of the SSD algorithm
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state_dim: int = 0
+    mamba_groups: int = 0
+    mamba_conv_kernel: int = 0
+    mamba_chunk_size: int = 0
     source: str = ""
 
     # ----- derived shapes -------------------------------------------------------------------------------------
@@ -187,27 +229,44 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
+        if self.layer_pattern:
+            return self.layer_pattern.count("E")
         return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+
+    @property
+    def hybrid_symbols(self) -> str:
+        """The hybrid symbols of :attr:`layer_kinds` (``layer_symbols``, or those the pattern holds)."""
+        return self.layer_symbols or "".join(c for c in HYBRID_SYMBOLS if c in self.layer_pattern)
+
+    @property
+    def mamba_inner(self) -> int:
+        """Width of the Mamba-2 mixer's inner stream x (and of its gate z): heads x head dim."""
+        return self.mamba_heads * self.mamba_head_dim
 
     @property
     def positional_windows(self) -> bool:
         """Whether local and global attention layers are costed apart (a dense model with ``attention_pattern``)."""
-        return bool(self.attention_pattern) and not self.is_moe and self.sliding_window > 0
+        return bool(self.attention_pattern) and not self.is_moe and self.sliding_window > 0 and not self.layer_pattern
 
     @property
-    def layer_kinds(self) -> tuple["LayerKind", ...]:
-        """The distinct kinds of decoder layer the cost model prices apart, in a fixed order: a MoE model's dense
-        and MoE layers; a dense model's global and sliding-window layers (``positional_windows``); otherwise one
-        kind, its attention the model's average. Which layer is which: :attr:`kind_index`."""
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """The distinct kinds of decoder layer the cost model prices apart, in a fixed order: a hybrid model's kinds
+        in :data:`HYBRID_SYMBOLS` order (those its pattern holds); a MoE model's dense and MoE layers; a dense
+        model's global and sliding-window layers (``positional_windows``); otherwise one kind, its attention the
+        model's average. Which layer is which: :attr:`kind_index`."""
+        if self.layer_pattern:
+            return tuple(HYBRID_SYMBOLS[c] for c in self.hybrid_symbols)
         if self.is_moe:
-            return (LayerKind(), LayerKind(moe=True))
+            return (DENSE_LAYER, MOE_LAYER)
         if self.positional_windows:
             return (LayerKind(window=False), LayerKind(window=True))
-        return (LayerKind(),)
+        return (DENSE_LAYER,)
 
     @property
     def kind_index(self) -> tuple[int, ...]:
         """Per layer (model order), its kind: an index into :attr:`layer_kinds`."""
+        if self.layer_pattern:
+            return tuple(self.hybrid_symbols.index(c) for c in self.layer_pattern)
         if self.is_moe:
             return tuple(int(i >= self.first_k_dense_layers) for i in range(self.num_layers))
         if self.positional_windows:
@@ -218,6 +277,8 @@ class ModelSpec:
         """This model with every layer of kind ``kind`` (same :attr:`layer_kinds`): the partition's probes of one
         kind's per-layer costs."""
         L = self.num_layers
+        if self.layer_pattern:
+            return self.with_(layer_pattern=self.hybrid_symbols[kind] * L, layer_symbols=self.hybrid_symbols)
         if self.is_moe:
             return self.with_(first_k_dense_layers=0 if kind else L)
         if self.positional_windows:
@@ -391,7 +452,9 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
         text = f.data.get("text_config")
         if isinstance(text, dict):
             f = _Fields({"model_type": model_type, **text}, source)
-    if model_type in GPT_LIKE and model_type != "gpt2":
+    if model_type in HYBRID:
+        spec = _nemotron_h(f, name, src)
+    elif model_type in GPT_LIKE and model_type != "gpt2":
         spec = _gpt_like(f, model_type, name, src)
     elif model_type == "gpt2":
         h = f.int("n_embd", "hidden_size")
@@ -526,6 +589,57 @@ def _gpt_like(f: "_Fields", model_type: str, name: str, src: str) -> ModelSpec:
                      else 0, attention_pattern="L" * layers if window else "", source=src)
 
 
+#: Mamba-2's SSD chunk length where a config gives none (mamba_ssm ``Mamba2`` and Megatron-Core ``MambaMixer``
+#: default ``chunk_size=128``)
+DEFAULT_MAMBA_CHUNK = 128
+
+
+def _nemotron_h(f: "_Fields", name: str, src: str) -> ModelSpec:
+    """Nemotron-H / Nemotron 3 (transformers' ``NemotronHConfig``): ``hybrid_override_pattern`` gives each layer's
+    kind in Megatron-Core's hybrid symbols (M Mamba-2 mixer, * attention, - MLP, E MoE), every layer one RMSNorm
+    and one residual block; attention without position embeddings (Megatron-Bridge's NemotronH bridge sets
+    ``position_embedding_type="none"``), the MLPs and experts squared-ReLU (``mlp_hidden_act`` relu2: two matrices,
+    not gated); the shared expert is one MLP of ``moe_shared_expert_intermediate_size``."""
+    layers = f.int("num_hidden_layers", maximum=MAX_LAYERS)
+    pattern = f.str("hybrid_override_pattern")
+    if len(pattern) != layers or set(pattern) - set(HYBRID_SYMBOLS):
+        raise PlannerError(f"must hold one of {''.join(HYBRID_SYMBOLS)} per layer ({layers} layers), got "
+                           f"{pattern!r}", source=f.source, field="hybrid_override_pattern",
+                           fix="M Mamba-2, * attention, - MLP, E MoE (Megatron-Core's hybrid symbols)")
+    if f.int("num_nextn_predict_layers", default=0, minimum=0):
+        raise PlannerError("multi-token prediction of hybrid models (an MTP pattern) is not supported yet",
+                           source=f.source, field="num_nextn_predict_layers", fix="0")
+    if f.str("mlp_hidden_act", "relu2") != "relu2":
+        raise PlannerError(f"only the squared ReLU MLP of Nemotron-H is supported, got {f.data['mlp_hidden_act']!r}",
+                           source=f.source, field="mlp_hidden_act", fix="relu2")
+    h = f.int("hidden_size")
+    heads = f.int("num_attention_heads")
+    experts = f.int("n_routed_experts", "num_experts", default=0, minimum=0) if "E" in pattern else 0
+    moe_ffn = f.int("moe_intermediate_size") if experts else 0
+    shared = 0
+    if experts:
+        width = f.int("moe_shared_expert_intermediate_size", default=0, minimum=0)
+        if width % moe_ffn:
+            raise PlannerError(f"moe_shared_expert_intermediate_size {width} is not a multiple of "
+                               f"moe_intermediate_size {moe_ffn}", source=f.source,
+                               field="moe_shared_expert_intermediate_size")
+        shared = width // moe_ffn if f.int("n_shared_experts", default=1, minimum=0) else 0
+    mamba = "M" in pattern
+    return ModelSpec(
+        name=name, model_type="nemotron_h", hidden_size=h, ffn_hidden_size=f.int("intermediate_size"),
+        num_layers=layers, num_heads=heads, num_kv_heads=f.int("num_key_value_heads", default=heads),
+        head_dim=f.int("head_dim", "attention_head_dim", default=0, minimum=0), vocab_size=f.int("vocab_size"),
+        max_seq_len=f.int("max_position_embeddings"), tied_embeddings=f.bool("tie_word_embeddings", False),
+        gated_mlp=False, rotary_positions=False, linear_bias=f.bool("attention_bias", False),
+        mlp_bias=f.bool("mlp_bias", False), norms_per_layer=2, num_experts=experts,
+        experts_per_token=f.int("num_experts_per_tok", default=0, minimum=0) if experts else 0,
+        moe_ffn_hidden_size=moe_ffn, num_shared_experts=shared, layer_pattern=pattern,
+        mamba_heads=f.int("mamba_num_heads") if mamba else 0, mamba_head_dim=f.int("mamba_head_dim") if mamba else 0,
+        mamba_state_dim=f.int("ssm_state_size") if mamba else 0, mamba_groups=f.int("n_groups") if mamba else 0,
+        mamba_conv_kernel=f.int("conv_kernel", default=4) if mamba else 0,
+        mamba_chunk_size=f.int("chunk_size", default=DEFAULT_MAMBA_CHUNK) if mamba else 0, source=src)
+
+
 def _llava(f: "_Fields", name: str, src: str, source: str) -> ModelSpec:
     """LLaVA (transformers' ``LlavaConfig``): the language model of ``text_config`` (its own ``model_type``, Llama by
     default) behind a CLIP vision tower (``vision_config``: CLIPVisionConfig's defaults where a field is absent,
@@ -616,6 +730,22 @@ def validate_model(spec: ModelSpec, source: str) -> None:
         raise PlannerError(f"vision encoder: hidden size {spec.vision_hidden_size} must split into "
                            f"{spec.vision_heads} heads, with tokens and images per sample > 0", source=source,
                            field="vision_config")
+    if spec.layer_pattern and (len(spec.layer_pattern) != spec.num_layers
+                               or set(spec.layer_pattern) - set(spec.hybrid_symbols)
+                               or set(spec.hybrid_symbols) - set(HYBRID_SYMBOLS)):
+        raise PlannerError(f"layer_pattern must hold one of {''.join(HYBRID_SYMBOLS)} per layer ({spec.num_layers})",
+                           source=source, field="layer_pattern")
+    if "E" in spec.layer_pattern and not spec.is_moe:
+        raise PlannerError("MoE layers (E) need experts", source=source, field="n_routed_experts")
+    if "M" in spec.layer_pattern:
+        if not (spec.mamba_heads and spec.mamba_head_dim and spec.mamba_state_dim and spec.mamba_groups
+                and spec.mamba_conv_kernel and spec.mamba_chunk_size):
+            raise PlannerError("Mamba layers (M) need mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups, "
+                               "conv_kernel and chunk_size > 0", source=source, field="mamba_num_heads")
+        if spec.mamba_heads % spec.mamba_groups:
+            raise PlannerError(f"mamba_num_heads ({spec.mamba_heads}) is not a multiple of n_groups "
+                               f"({spec.mamba_groups})", source=source, field="n_groups",
+                               fix="Megatron-Core's MambaMixer needs heads divisible by groups")
     if spec.first_k_dense_layers > spec.num_layers:
         raise PlannerError("first_k_dense_replace is larger than num_hidden_layers", source=source,
                            field="first_k_dense_replace")

@@ -81,7 +81,7 @@ def validate(runs: list[dict] | None = None) -> list[ValidationRow]:
 # ---------------------------------------------------------------------------------------------------------------
 MODERN_FILE = Path(__file__).with_name("modern_runs.json")
 #: accuracy groups of the modern set (a row may be in several), in report order
-GROUPS = ("dense bf16", "fp8", "MoE", "FSDP / ZeRO-3", "long context", "H100 / H800", "B200")
+GROUPS = ("dense bf16", "fp8", "MoE", "hybrid (Mamba)", "FSDP / ZeRO-3", "long context", "H100 / H800", "B200")
 #: from this sequence length on a run counts as long context
 LONG_CONTEXT_TOKENS = 32768
 
@@ -133,6 +133,8 @@ def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
         out.append("fp8")
     if model.is_moe:
         out.append("MoE")
+    if "M" in model.layer_pattern:
+        out.append("hybrid (Mamba)")
     if cfg.zero_stage == 3:
         out.append("FSDP / ZeRO-3")
     if cfg.seq_len >= LONG_CONTEXT_TOKENS:

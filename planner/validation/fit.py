@@ -105,15 +105,17 @@ def _is_moe(run: dict) -> bool:
 
 
 def fitting_rows(profile: str, precision: str) -> list[dict]:
-    """The dense rows of this GPU and precision (the rows the GEMM-efficiency ratio is fitted on)."""
+    """The dense rows of this GPU and precision (the rows the GEMM-efficiency ratio is fitted on), held-out rows
+    (``held_out``: checks of a layer model with no fitted number of its own) aside."""
     return [r for r in load_modern_runs() if r["cluster"] == profile and r["layout"]["precision"] == precision
-            and not _is_moe(r)]
+            and not _is_moe(r) and not r.get("held_out")]
 
 
 def call_fitting_rows(profiles: tuple[str, ...], precision: str) -> list[dict]:
-    """The MoE rows of these GPUs and precision (the rows the expert GEMM issue time is fitted on)."""
+    """The MoE rows of these GPUs and precision (the rows the expert GEMM issue time is fitted on), held-out rows
+    aside."""
     return [r for r in load_modern_runs() if r["cluster"] in profiles and r["layout"]["precision"] == precision
-            and _is_moe(r)]
+            and _is_moe(r) and not r.get("held_out")]
 
 
 def source_of(run: dict) -> str:
