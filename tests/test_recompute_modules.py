@@ -126,3 +126,103 @@ def test_cli_search_plan_json_and_exports_carry_the_modules():
     for refusing in ("torchtitan", "deepspeed"):
         with pytest.raises(PlannerError, match="recompute"):
             export(plan, refusing)
+
+
+MOE_OPS = ("router", "experts_in", "experts_in_fp8_cast", "experts_out", "experts_out_fp8_cast", "moe_permute",
+           "moe_act", "shared_experts_in", "shared_experts_in_fp8_cast", "shared_experts_out",
+           "shared_experts_out_fp8_cast", "mlp_act")
+
+
+def test_moe_checkpoints_the_whole_moe_block():
+    """'moe' (Megatron-Core MoELayer's tensor_parallel.checkpoint) keeps only the block's bf16 input: Mixtral
+    (SwiGLU, k = 2 of 8 experts, f = 14336, h = 4096; bf16, TP 1) drops fc1's two outputs and fc2's input 6 f k, the
+    router's fp32 logits and probabilities 4 E and the k dispatched token copies 2 k h, per token."""
+    cfg = _cfg(ep=8)
+    moe = cfg.with_(recompute_modules="core_attn,moe")
+    k, f, h, E = 2, 14336, 4096, 8
+    assert (MIXTRAL.experts_per_token, MIXTRAL.moe_ffn_hidden_size, MIXTRAL.hidden_size, MIXTRAL.num_experts) == \
+        (k, f, h, E)
+    drop = activation_bytes_per_layer(MIXTRAL, cfg, kind=MOE_LAYER) - \
+        activation_bytes_per_layer(MIXTRAL, moe, kind=MOE_LAYER)
+    assert drop == pytest.approx(4096 * (6 * f * k + 4 * E + 2 * k * h))
+    # in fp8 the MLP input the checkpoint keeps is the bf16 norm output (2 h), where the experts kept fp8 copies
+    fp8 = cfg.with_(precision="fp8")
+    drop8 = activation_bytes_per_layer(MIXTRAL, fp8, kind=MOE_LAYER) - \
+        activation_bytes_per_layer(MIXTRAL, fp8.with_(recompute_modules="core_attn,moe"), kind=MOE_LAYER)
+    assert drop8 == pytest.approx(4096 * ((4 + 1) * f * k + 4 * E + 1 * k * h + 1 * h - 2 * h))
+    # moe_act on top of moe drops nothing more; on a dense layer moe does nothing (and is refused, below)
+    both = cfg.with_(recompute_modules="core_attn,moe,moe_act")
+    assert activation_bytes_per_layer(MIXTRAL, both, kind=MOE_LAYER) == \
+        pytest.approx(activation_bytes_per_layer(MIXTRAL, moe, kind=MOE_LAYER))
+
+
+def test_moe_reruns_the_block_and_its_all_to_alls():
+    """The recomputed forward re-runs the router, the experts, permute / unpermute, the activation and the shared
+    experts (DeepSeek-V3: one shared expert), and the dispatch and combine all-to-alls once more, unpaired; the
+    attention half is not redone."""
+    cfg = _cfg(num_gpus=64, ep=8, global_batch_size=64, precision="fp8")
+    moe = cfg.with_(recompute_modules="core_attn,moe")
+    groups = comm.groups_for(H100, 1, 1, 64, 1, 8)
+    lc = layer_costs(DSV3, H100, moe, groups, MOE_LAYER)
+    base = layer_costs(DSV3, H100, cfg, groups, MOE_LAYER)
+    ops = layer_ops(DSV3, moe, MOE_LAYER)
+    rerun = [o for o in ops if o.name in MOE_OPS]
+    assert {o.name for o in rerun} >= {"router", "experts_in", "experts_out", "shared_experts_in", "moe_act"}
+    expected = 0.0
+    for o in rerun:  # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
+        t = op_time_s(o, H100.gpu)
+        if o.expert_calls:
+            t = max(t, o.expert_calls * float(H100.gpu.expert_call_s(o.precision)))
+        expected += t
+    assert lc.selective_recompute_s == pytest.approx(expected, rel=1e-9)
+    assert base.recompute_ep_s == 0.0 and lc.recompute_ep_s == pytest.approx(base.ep_fwd_s) and lc.ep_fwd_s > 0
+    assert lc.recompute_flops == pytest.approx(sum(o.flops for o in rerun))
+    # end to end: the step pays the re-run kernels and the extra all-to-alls, and keeps fewer activations
+    e0, e1 = estimate(DSV3, H100, cfg), estimate(DSV3, H100, moe)
+    assert e1.step_time_s > e0.step_time_s and e1.peak_memory_bytes < e0.peak_memory_bytes
+    assert e1.breakdown["ep_comm_s"] > e0.breakdown["ep_comm_s"]
+    assert e1.breakdown["recompute_s"] > e0.breakdown["recompute_s"]
+
+
+def test_moe_module_rules():
+    """Megatron-Core's rules (transformer_config.py): 'moe' needs MoE layers, cannot run with the all-to-all
+    overlap, and leaves nothing inside the block to offload."""
+    with pytest.raises(PlannerError, match="no experts"):
+        estimate(L8B, H100, _cfg(recompute_modules="core_attn,moe"))
+    mix = MIXTRAL
+    with pytest.raises(PlannerError, match="overlap"):
+        estimate(mix, H100, _cfg(num_gpus=16, ep=8, global_batch_size=16, recompute_modules="core_attn,moe",
+                                 ep_comm_overlap=True))
+    with pytest.raises(PlannerError, match="offload"):
+        estimate(mix, H100, _cfg(ep=8, recompute_modules="core_attn,moe", offload_modules="moe_act"))
+    # the overlap with no recomputation stays valid
+    estimate(mix, H100, _cfg(num_gpus=16, ep=8, global_batch_size=16, recompute="none", ep_comm_overlap=True))
+
+
+def test_search_with_moe_recompute_never_pairs_it_with_the_overlap_and_exports_it():
+    mix = MIXTRAL
+    res = search(mix, H100, 16, 64, 4096, top=50,
+                 space=SearchSpace(recompute_modules="core_attn,moe", recompute_modes=("none", "selective")))
+    cfgs = [c.config for c in res.ranked]
+    assert any(c.recompute == "selective" for c in cfgs)
+    assert not any(c.recompute == "selective" and c.ep_comm_overlap for c in cfgs)
+    # the space itself: overlapped groups keep their rows without recomputation and lose the selective ones
+    import numpy as np
+    from planner.search.space import REC_NONE, REC_SELECTIVE, build_space
+    for modules, selective_overlap in (("core_attn,moe", False), ("core_attn", True)):
+        space = build_space(mix, H100, 16, 64, 4096, SearchSpace(recompute_modules=modules))
+        rows = space.expand(np.arange(len(space.groups)))
+        epo = space.col("epo")[rows.group].astype(bool)
+        assert (epo & (rows.rec == REC_NONE)).any()
+        assert (epo & (rows.rec == REC_SELECTIVE)).any() == selective_overlap
+        assert ((~epo) & (rows.rec == REC_SELECTIVE)).any()
+    # offloading inside a recomputed MoE block cannot run: such a space holds no selective rows at all
+    offloading = build_space(mix, H100, 16, 64, 4096, SearchSpace(recompute_modules="core_attn,moe",
+                                                                   offload_modules="moe_act"))
+    assert REC_SELECTIVE not in offloading.rec_codes and REC_NONE in offloading.rec_codes
+    for cand in res.ranked[:5]:
+        assert cand.estimate.step_time_s == pytest.approx(estimate(mix, H100, cand.config).step_time_s, rel=1e-9)
+    sel = next(c for c in cfgs if c.recompute == "selective")
+    plan = plan_dict(mix, "h100-80gb-sxm", sel, estimate(mix, H100, sel))
+    assert plan["recompute"]["modules"] == ["core_attn", "moe"]
+    assert "--recompute-modules core_attn moe" in " ".join(export(plan, "megatron").text.split())

@@ -49,7 +49,8 @@ class Op:
     hbm_bytes: float | np.ndarray = 0.0
     bwd_ratio: float = GEMM_BWD_RATIO
     weight_grad_fraction: float = 0.5
-    #: the selective-recompute module (config.RECOMPUTE_MODULES) whose recomputation redoes this op in backward
+    #: the selective-recompute modules (config.RECOMPUTE_MODULES, comma-separated) any of whose recomputation
+    #: redoes this op in backward (once, however many of them are on)
     recompute_module: str = ""
     gemm_flops: float | np.ndarray = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
     precision: str | np.ndarray = "bf16"  # tensor-core precision of a GEMM (config.PRECISIONS)
@@ -150,15 +151,16 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
 
 
 def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
-    """The feed-forward half of a layer: a dense MLP split by TP, or the router, the routed experts (grouped GEMMs
-    over the local experts) and the shared experts."""
+    """The feed-forward half of a layer: a dense MLP split by TP ("mlp" recomputes it), or the router, the routed
+    experts (grouped GEMMs over the local experts) and the shared experts, all of which "moe" recomputes."""
     T, t, h = cfg.tokens_per_rank, cfg.tp, model.hidden_size
     n_mats = 3 if model.gated_mlp else 2
     ops: list[Op] = []
     if moe:
         k = model.experts_per_token
         f = model.moe_ffn_hidden_size
-        ops.append(_gemm("router", T / sp_degree(cfg), h, model.num_experts))  # each TP rank routes its SP shard
+        # each TP rank routes its SP shard
+        ops.append(_gemm("router", T / sp_degree(cfg), h, model.num_experts, recompute_module="moe"))
         # routed experts (Megatron-Core MoE): after the EP all-to-all and the expert-TP all-gather each GPU holds,
         # with balanced routing, the k copies of its expert-TP group's tokens (T etp / tp with SP: the group's
         # sequence shards; T without SP, where TP ranks hold the same tokens and expert TP = TP) spread over its
@@ -167,16 +169,17 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         etp = cfg.expert_tp
         local = model.num_experts / cfg.ep
         m_e = T * k / local * expert_tp_token_share(cfg)
-        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, expert_calls=local)
-        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local, expert_calls=local)
+        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe",
+                       expert_calls=local)
+        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", expert_calls=local)
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
-            ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg)
-            ops += _linear("shared_experts_out", T, f_sh / t, h, cfg)
+            ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg, module="moe")
+            ops += _linear("shared_experts_out", T, f_sh / t, h, cfg, module="moe")
         # permute before and unpermute + probability-weighted combine after the experts: each reads and writes
         # the T k token copies (bf16); their share per TP rank is 1/sp
         ops.append(Op("moe_permute", "memory", hbm_bytes=ACT_BYTES * 4 * T * k * h / sp_degree(cfg), bwd_ratio=1.0,
-                      weight_grad_fraction=0.0))
+                      weight_grad_fraction=0.0, recompute_module="moe"))
     else:
         f = model.ffn_hidden_size
         ops += _linear("mlp_in", T, h, (n_mats - 1) * f / t, cfg, module="mlp")
@@ -189,7 +192,8 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
     backward: the norms and residual adds of its blocks (a transformer layer's two, ``norms_per_layer`` norms;
     one each in a hybrid layer), the feed-forward activation and RoPE on the attention's queries and keys; apart
     where a recompute module redoes them: the norms ("layernorm"), the MLP activation ("mlp" in a dense layer,
-    "moe_act" for the routed experts), RoPE (with MLA's up-projections, "mla_up_proj")."""
+    "moe" in a MoE layer, and "moe_act" too for the routed experts'), RoPE (with MLA's up-projections,
+    "mla_up_proj")."""
     t, h, sp = cfg.tp, model.hidden_size, sp_degree(cfg)
     share = kind.blocks / 2  # of a two-block layer's norms and residual adds
     norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
@@ -205,8 +209,8 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
     ops = []
     for name, elems, module in (("norms", share * model.norms_per_layer * norm_elems * h / sp, "layernorm"),
                                 ("residual", share * 2 * resid_elems * h / sp, ""),
-                                ("mlp_act", per_elem * shared_width, "" if kind.moe else "mlp"),
-                                ("moe_act", per_elem * routed_width, "moe_act"),
+                                ("mlp_act", per_elem * shared_width, "moe" if kind.moe else "mlp"),
+                                ("moe_act", per_elem * routed_width, "moe_act,moe"),
                                 ("rope", rope_elems, "mla_up_proj" if model.is_mla else "")):
         if np.any(elems):
             ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * cfg.tokens_per_rank * elems, bwd_ratio=2.0,
@@ -421,7 +425,10 @@ def recomputed(op: Op, modules):
     them) redoes ``op`` in backward, else 0."""
     if not op.recompute_module:
         return 0.0
-    return np.where(recompute_module_on(modules, op.recompute_module), 1.0, 0.0)
+    on = False
+    for module in op.recompute_module.split(","):
+        on = on | recompute_module_on(modules, module)
+    return np.where(on, 1.0, 0.0)
 
 
 def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:

@@ -180,7 +180,9 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
       replicated across TP unless SP: two norm inputs 4h, QKV input 2h, MLP input 2h, two dropout masks 2h
       split by TP: Q 2q, K and V 4kv, attention output 2q, MLP: GELU 4f (input + fc2 input) or SwiGLU 6f
       score matrix (no flash kernel, no selective recompute): 5 a s with dropout (2 a s without), split by TP
-    Full recompute keeps only the layer input, 2h (split by TP with SP, as Megatron stores it).
+    Full recompute keeps only the layer input, 2h (split by TP with SP, as Megatron stores it). Selective
+    recomputation drops what its modules redo; "mlp" and "moe" (a dense MLP, a whole MoE block: Megatron-Core's
+    ``tensor_parallel.checkpoint`` around it) keep only the block's input, 2h.
     In fp8 / mxfp8 each linear layer's input is kept as Transformer Engine saves it (:data:`SAVED_INPUT_BYTES`):
     the QKV and MLP inputs, the fc2 input and the experts' inputs shrink to about 1 B per element, and the
     attention output, which the attention kernel keeps in bf16, gains the out-projection's fp8 copy.
@@ -206,8 +208,11 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
     # gated: fc1's two outputs (bf16, the activation's backward) + fc2's input; GELU: fc1 output + fc2 input
     mlp = (4 if model.gated_mlp else 2) * f_total + lin * f_total
     mlp_in = lin * h if kind.ffn else 0.0
+    moe_block = on("moe") if moe else False  # "moe" checkpoints the whole MoE block: only its input stays (bf16)
     if moe:  # "moe_act" discards the routed experts' activation output (fc2's input) and redoes it in backward
         mlp = mlp - np.where(on("moe_act"), lin * model.moe_ffn_hidden_size * k, 0.0)
+        mlp = np.where(moe_block, 0.0, mlp)
+        mlp_in = np.where(moe_block, 2 * h, mlp_in)
     elif kind.ffn:  # "mlp" checkpoints a dense layer's MLP: only its input stays, in bf16
         mlp = np.where(on("mlp"), 0.0, mlp)
         mlp_in = np.where(on("mlp"), 2 * h, mlp_in)
@@ -231,7 +236,7 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         d, GN = model.mamba_inner, model.mamba_groups * model.mamba_state_dim
         split = 2 * (2 * d + 2 * GN + model.mamba_heads) + 2 * d + 2 * d + lin * d + mlp
     if moe:
-        split += 4 * model.num_experts  # router logits + probs, fp32 (tiny)
+        split += np.where(moe_block, 0.0, 4 * model.num_experts)  # router logits + probs, fp32 (tiny)
     per_token = replicated / sp + split / t
     if model.is_mla and attention:  # the latents feeding the up-projections, whole on every TP rank
         per_token = per_token + 2 * (model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim)
@@ -241,7 +246,8 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         # per local token with SP, x 1 without). The routing probabilities multiply inside the experts'
         # activation (megatron/core/transformer/moe/experts.py, since Megatron-Core 0.13), so the combine keeps
         # no expert outputs for their gradient.
-        per_token = per_token + lin * model.experts_per_token * h * expert_tp_token_share(cfg)
+        per_token = per_token + np.where(moe_block, 0.0,
+                                         lin * model.experts_per_token * h * expert_tp_token_share(cfg))
     if attention:
         scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
         lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)

@@ -28,7 +28,7 @@ from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
 from planner.errors import PlannerError
-from planner.specs.config import ConfigBatch, RunConfig, even_layer_split
+from planner.specs.config import ConfigBatch, RunConfig, even_layer_split, recompute_module_on
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import DENSE_LAYER, LayerKind, ModelSpec
 
@@ -152,6 +152,15 @@ class LayerCost:
     offload_fwd_s: float | np.ndarray = 0.0  # their copy to host that the layer's forward does not hide
     offload_bwd_s: float | np.ndarray = 0.0  # their reload that the layer's backward does not hide
     attention_s: float | np.ndarray = 0.0  # the attention core's forward + backward kernels
+    #: communication selective recomputation re-runs, one forward's worth: a recomputed MoE block's ("moe")
+    #: dispatch and combine all-to-alls (and expert-TP gather), and its TP collectives
+    recompute_ep_s: float | np.ndarray = 0.0
+    recompute_tp_s: float | np.ndarray = 0.0
+
+    @property
+    def recompute_comm_s(self):
+        """Communication selective recomputation re-runs."""
+        return self.recompute_ep_s + self.recompute_tp_s
 
     @property
     def fwd_comm_s(self):
@@ -234,20 +243,25 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     # EP: token dispatch + combine all-to-all, forward and backward, and with TP the expert-TP gather / scatter of
     # the k token copies (planner.cost.moe). That gather / scatter replaces the MoE block's share of the layer's TP
     # collectives counted above, unless shared experts (a TP-parallel dense MLP) still need them.
-    ep_fwd = 0.0
+    ep_fwd = rec_ep = rec_tp = 0.0
     if kind.moe:
         ep_fwd = ep_layer_cost(model, cluster, cfg, groups.ep, groups.etp if groups.etp is not None else
                                groups.tp).fwd_s
+        gathered = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1) & (not model.num_shared_experts)
+        # "moe" re-runs the whole MoE block's forward in backward (moe_layer.py, tensor_parallel.checkpoint around
+        # router, dispatch, experts, combine and shared experts): its all-to-alls, unpaired (Megatron-Core refuses
+        # "moe" with the all-to-all overlap), and its TP collectives unless the expert-TP gather replaced them
+        moe_rec = recompute_module_on(cfg.recompute_modules, "moe")
+        rec_ep = np.where(moe_rec, ep_fwd, 0.0)
+        rec_tp = np.where(moe_rec & ~gathered, tp_fwd / kind.blocks, 0.0)
         # batch-level overlap (Megatron-Core's merged forward-backward of two micro-batches; DualPipe's F&B): each
         # layer's all-to-alls of one micro-batch, forward and backward, run under the other's kernels of that
         # layer; what sticks out, and the interference of what hides, stays (split evenly over the two passes)
         paired = exposed_s(2 * ep_fwd, pt.fwd_s + pt.bwd_input_s + pt.bwd_weight_s,
                            gpu.comm_overlap_interference) / 2
         ep_fwd = np.where(np.asarray(cfg.ep_comm_overlap, dtype=bool), paired, ep_fwd)
-        if not model.num_shared_experts:
-            gathered = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.tp) > 1)
-            tp_fwd = np.where(gathered, tp_fwd * (kind.blocks - 1) / kind.blocks, tp_fwd)
-            tp_bwd = np.where(gathered, tp_bwd * (kind.blocks - 1) / kind.blocks, tp_bwd)
+        tp_fwd = np.where(gathered, tp_fwd * (kind.blocks - 1) / kind.blocks, tp_fwd)
+        tp_bwd = np.where(gathered, tp_bwd * (kind.blocks - 1) / kind.blocks, tp_bwd)
     selective = np.asarray(cfg.recompute) == "selective"
     rec_flops = sum(o.flops * recomputed(o, cfg.recompute_modules) for o in ops)
     # fine-grained activation offloading (Megatron-Core): the listed module inputs go to host memory as the layer's
@@ -259,7 +273,8 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     bwd_window = pt.bwd_input_s + pt.bwd_weight_s + tp_bwd + cpc.bwd_exposed_s + ep_fwd
     return LayerCost(
         fwd_s=pt.fwd_s, bwd_input_s=pt.bwd_input_s, bwd_weight_s=pt.bwd_weight_s,
-        selective_recompute_s=pt.selective_recompute_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
+        selective_recompute_s=pt.selective_recompute_s, recompute_ep_s=rec_ep, recompute_tp_s=rec_tp,
+        tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
         cp_fwd_s=cpc.fwd_exposed_s, cp_bwd_s=cpc.bwd_exposed_s, ep_fwd_s=ep_fwd,
         act_bytes=activation_bytes_per_layer(model, cfg, np.where(selective, "selective", "none"), kind) - off,
         act_full_bytes=activation_bytes_per_layer(model, cfg, "full", kind),
@@ -574,15 +589,16 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     for k, lc in enumerate(kind_costs):
         count, full_here = kind_in(k, n), kind_in(k, n_full)
         sel = count * lc.selective_recompute_s if selective else 0.0
+        on = float(selective)
         q["fwd"] += count * lc.fwd_total_s
         q["bwd_in"] += count * lc.bwd_input_total_s
         q["bwd_w"] += count * lc.bwd_weight_s
-        q["rec"] += sel + full_here * lc.fwd_total_s
+        q["rec"] += sel + on * count * lc.recompute_comm_s + full_here * lc.fwd_total_s
         q["comp"] += count * (lc.fwd_s + (lc.bwd_input_s + lc.bwd_weight_s))
         q["rec_comp"] += sel + full_here * lc.fwd_s
-        q["tpc"] += (count + full_here) * lc.tp_fwd_s + count * lc.tp_bwd_s
+        q["tpc"] += (count + full_here) * lc.tp_fwd_s + count * lc.tp_bwd_s + on * count * lc.recompute_tp_s
         q["cpc"] += count * (lc.cp_fwd_s + lc.cp_bwd_s) + full_here * lc.cp_fwd_s
-        q["epc"] += (2 * count + full_here) * lc.ep_fwd_s
+        q["epc"] += (2 * count + full_here) * lc.ep_fwd_s + on * count * lc.recompute_ep_s
         q["offc"] += count * (lc.offload_fwd_s + lc.offload_bwd_s)
         q["offb"] += count * lc.offload_bytes
         q["attn"] += count * lc.attention_s

@@ -73,6 +73,8 @@ def recompute_modules_problem(model: ModelSpec, modules: str, recompute: str = "
         return f"mla_up_proj needs multi-head latent attention, which {model.name} does not have; drop it"
     if recompute_module_on(modules, "moe_act") and not model.is_moe:
         return f"moe_act recomputes experts' activations; {model.name} has no experts; drop it"
+    if recompute_module_on(modules, "moe") and not model.is_moe:
+        return f"moe recomputes MoE blocks; {model.name} has no experts; drop it (dense MLPs: mlp)"
     return None
 
 
@@ -208,6 +210,10 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         elif "qkv_linear" in mods and "layernorm" in sel:
             out.append(("offload_modules", "selective recomputation of layernorm drops the QKV input that "
                                            "qkv_linear would offload; drop one of them"))
+        elif {"expert_fc1", "moe_act"} & set(mods) and "moe" in sel:
+            out.append(("offload_modules", "selective recomputation of moe checkpoints the whole MoE block, so "
+                                           "nothing inside it is kept to offload (Megatron-Core); drop expert_fc1 / "
+                                           "moe_act from the offload modules or moe from the recompute modules"))
         elif "core_attn" in mods and "mla_up_proj" in sel:
             out.append(("offload_modules", "selective recomputation of mla_up_proj drops the Q, K, V that core_attn "
                                            "would offload; drop one of them"))
@@ -235,6 +241,9 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         elif cfg.recompute == "full":
             out.append(("ep_comm_overlap", "the all-to-all overlap cannot run with full recomputation (Megatron-"
                                            "Core); use --recompute selective or none"))
+        elif cfg.recompute == "selective" and recompute_module_on(cfg.recompute_modules, "moe"):
+            out.append(("ep_comm_overlap", "the all-to-all overlap cannot run while the MoE block is recomputed "
+                                           "(Megatron-Core); drop moe from --recompute-modules or the overlap"))
     problem = recompute_modules_problem(model, cfg.recompute_modules, cfg.recompute)
     if problem:
         out.append(("recompute_modules", problem))

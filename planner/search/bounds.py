@@ -314,7 +314,7 @@ def _compose_tables(model: ModelSpec, kinds: tuple[LayerCost, ...], ends, n: int
         tab["fwd"] = tab["fwd"] + count * f
         tab["bwd_in"] = tab["bwd_in"] + count * b
         tab["bwd_w"] = tab["bwd_w"] + count * lc.bwd_weight_s
-        tab["sel"] = tab["sel"] + count * lc.selective_recompute_s
+        tab["sel"] = tab["sel"] + count * (lc.selective_recompute_s + lc.recompute_comm_s)
         tab["full"] = tab["full"] + count * f
         full_min = np.minimum(full_min, f)
         act["act_none"] = np.minimum(act["act_none"], lc.act_none_bytes)

@@ -26,7 +26,8 @@ import numpy as np
 from planner.cost.schedule import SCHEDULES
 from planner.cost.validity import hsdp_splits_expert_dp, mamba_cp_problem, tp_splits_heads, ulysses_problem
 from planner.errors import PlannerError
-from planner.specs.config import CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, RunConfig
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, RunConfig,
+                                  recompute_module_on)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -453,13 +454,18 @@ class Space:
                                      0)
             if not (self.partial_recompute and REC_FULL_ALL in self.rec_codes):
                 n_partial = np.zeros_like(n_partial)
-            # the MoE all-to-all overlap runs without full recomputation only (Megatron-Core's rule)
             overlap = self.col("epo").astype(bool)
-            n_full = int(REC_FULL_ALL in self.rec_codes)
-            n_codes = np.where(overlap, len(self.rec_codes) - n_full, len(self.rec_codes))
+            n_codes = np.where(overlap, len(self.overlap_rec_codes), len(self.rec_codes))
             cached = (n_codes + np.where(overlap, 0, n_partial)) * self.zero_width()
             object.__setattr__(self, "_rows_per_group", cached)
         return cached
+
+    @property
+    def overlap_rec_codes(self) -> tuple[int, ...]:
+        """The recomputation codes the MoE all-to-all overlap runs with (Megatron-Core's rules): not full
+        recomputation, and not selective recomputation of whole MoE blocks ("moe")."""
+        moe = recompute_module_on(self.recompute_modules, "moe")
+        return tuple(c for c in self.rec_codes if c != REC_FULL_ALL and not (moe and c == REC_SELECTIVE))
 
     @property
     def hsdp_columns(self) -> int:
@@ -537,8 +543,8 @@ class Space:
             k = table[self.max_chunk()[idx], np.clip(r - nb, 0, table.shape[1] - 1)]
         rec = np.where(r < nb, base[np.minimum(r, nb - 1)], REC_FULL_K + k - 1)
         overlap = self.col("epo")[idx].astype(bool) if len(idx) else np.zeros(0, dtype=bool)
-        if overlap.any():  # those groups' rows skip full recomputation: their codes are the others, in order
-            short = base[base != REC_FULL_ALL]
+        if overlap.any():  # those groups' rows skip the codes the overlap cannot run with: the others, in order
+            short = np.array(self.overlap_rec_codes, dtype=np.int64)
             rec = np.where(overlap, short[np.minimum(r, len(short) - 1)] if len(short) else rec, rec)
         return Rows(idx, z, rec, hsdp)
 
@@ -562,9 +568,13 @@ class Space:
 def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,
                 space: SearchSpace = SearchSpace()) -> Space:
     rows = group_rows(model, cluster, num_gpus, global_batch, seq_len, space)
+    # offloading runs without full recomputation, and offloads nothing inside a MoE block "moe" recomputes
+    moe_offload = recompute_module_on(space.recompute_modules, "moe") and \
+        bool({"expert_fc1", "moe_act"} & set(space.offload_modules.split(",")))
     rec_codes = tuple(code for mode, code in (("none", REC_NONE), ("selective", REC_SELECTIVE),
                                               ("full", REC_FULL_ALL)) if mode in space.recompute_modes
-                      and not (mode == "full" and space.offload_modules))
+                      and not (mode == "full" and space.offload_modules)
+                      and not (mode == "selective" and moe_offload))
     zero_stages = tuple(sorted(space.zero_stages))
     table, key = hsdp_shards(model, cluster, rows, num_gpus, space)
     return Space(groups=rows,

@@ -14,9 +14,10 @@ import numpy as np
 RECOMPUTE_MODES = ("none", "selective", "full")
 #: what selective recomputation redoes, as Megatron-Core's ``--recompute-modules`` names it
 #: (megatron/core/transformer/transformer_config.py, ``recompute_modules``), in this order: the attention core,
-#: the two norms, MLA's up-projections and RoPE, a dense layer's MLP, the experts' activation function. Megatron's
-#: "moe" and "shared_experts" (a whole MoE layer / its shared experts) are not modelled.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act")
+#: the two norms, MLA's up-projections and RoPE, a dense layer's MLP, a whole MoE block (router, dispatch, experts,
+#: combine and shared experts: MoELayer's checkpointed forward, megatron/core/transformer/moe/moe_layer.py
+#: ``moe_layer_recompute``), the experts' activation function. Megatron's "shared_experts" is not modelled.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act")
 #: Megatron-Core's default modules of selective recomputation
 DEFAULT_RECOMPUTE_MODULES = "core_attn"
 
