@@ -31,8 +31,12 @@ def test_list_models_shows_every_shipped_spec():
 
 
 def test_list_clusters_shows_every_profile():
+    from planner.specs.pools import shipped_pooled_clusters
+
     rows = listed("clusters")
-    assert [r["name"] for r in rows] == shipped_clusters()
+    assert [r["name"] for r in rows] == shipped_clusters() + shipped_pooled_clusters()
+    mixed = {r["name"]: r for r in rows}["h100-a100-4+4-nodes"]
+    assert mixed["max_gpus"] == 64 and [p["profile"] for p in mixed["pools"]] == ["h100-80gb-sxm", "a100-80gb-sxm"]
     h100 = {r["name"]: r for r in rows}["h100-80gb-sxm"]
     assert h100["bf16_tflops"] == 989 and h100["gpus_per_node"] == 8
 

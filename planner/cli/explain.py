@@ -151,6 +151,13 @@ def plan_estimate(d: dict[str, Any], source: str, stored: bool) -> tuple[dict[st
         cfg = config_from_dict(d, source)
         if isinstance(d.get("model_spec"), dict):
             model = model_from_plan_dict(d, source)
+            from planner.specs.pools import is_pooled_cluster, load_pooled_cluster
+
+            if is_pooled_cluster(str(d.get("cluster", ""))):  # a plan over several GPU pools
+                from planner.cost.pooled import pooled_estimate
+
+                pooled = pooled_estimate(model, load_pooled_cluster(str(d["cluster"])), cfg)
+                return pooled.estimate.to_dict(with_stages=True), "re-estimated over the pools"
             try:
                 cluster = load_cluster(str(d.get("cluster", "")))
             except PlannerError as e:
@@ -179,6 +186,11 @@ def print_explanation(con: Console, d: dict[str, Any], est: dict[str, Any], orig
     con.print(f"[bold]{d.get('model', 'model')} on {cfg.num_gpus} GPUs ({d.get('cluster', '?')})[/]  "
               f"[dim]estimate {origin}[/]")
     con.print(config_line(cfg))
+    pools = d.get("pools")
+    if isinstance(pools, dict) and isinstance(pools.get("pools"), list):
+        con.print("pools: " + "; ".join(
+            f"{p.get('name')} ({p.get('gpus')} x {p.get('gpu')}): pipeline ranks "
+            f"{', '.join(map(str, p.get('ranks', [])))}" for p in pools["pools"] if isinstance(p, dict)))
     con.print(summary_table(est))
     con.print(time_chart(est, width))
     con.print(stage_time_table(est, cfg))

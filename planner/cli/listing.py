@@ -51,6 +51,19 @@ def cluster_rows() -> list[dict[str, Any]]:
             "gpus_per_node": c.gpus_per_node, "intra_node_gb_s": c.intra_node.bandwidth_bytes_per_s / GB,
             "inter_node_gb_s": c.inter_node.bandwidth_bytes_per_s / GB, "max_gpus": c.max_gpus or None,
         })
+    from planner.specs.pools import load_pooled_cluster, shipped_pooled_clusters
+
+    for name in shipped_pooled_clusters():  # several GPU pools (planner plan --cluster NAME plans over them)
+        try:
+            pc = load_pooled_cluster(name)
+        except PlannerError as e:
+            rows.append({"name": name, "error": str(e)})
+            continue
+        rows.append({"name": name, "gpu": "pools: " + " + ".join(f"{p.num_gpus} x {p.cluster.gpu.name}"
+                                                                 for p in pc.pools),
+                     "bf16_tflops": None, "hbm_gib": None, "gpus_per_node": None, "intra_node_gb_s": None,
+                     "inter_node_gb_s": None, "max_gpus": pc.num_gpus,
+                     "pools": [{"name": p.name, "profile": p.cluster.name, "nodes": p.nodes} for p in pc.pools]})
     return rows
 
 

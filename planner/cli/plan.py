@@ -170,6 +170,22 @@ def plan(
         from planner.export import TARGETS
         if emit not in TARGETS:
             raise PlannerError(f"unknown launcher '{emit}'", source="--emit", fix=f"use one of: {', '.join(TARGETS)}")
+    from planner.specs.pools import is_pooled_cluster, load_pooled_cluster
+
+    if is_pooled_cluster(cluster):  # several GPU pools: planner.search.pooled
+        from planner.cli.pools import plan_over_pools
+
+        given = [name for name, on in (("--stack", stack is not None), ("--objective", objective != "time"),
+                                       ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
+                                       ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
+                                       ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
+                                       ("--tp / --pp / --schedules / ...", constraints is not None)) if on]
+        if given:
+            raise PlannerError(f"{given[0]} is not supported over GPU pools yet", source=given[0],
+                               fix="drop it (pools plan over their own space: planner/search/pooled.py)")
+        plan_over_pools(load_model(model), load_pooled_cluster(cluster), gpus, global_batch, seq_len,
+                        precision=precision, top=top, json_out=json_out, emit=emit, out=out)
+        return
     stack_name = stack_name_for(stack, emit)  # an empty --stack is refused, as estimate and sweep refuse it
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.specs.collectives import CollectiveLibrary
-from planner.specs.hardware import Cluster
+from planner.specs.hardware import Cluster, Link
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,6 +169,16 @@ def host_copy_s(cluster: Cluster, msg_bytes):
 def p2p_s(cluster: Cluster, spans_nodes, msg_bytes):
     """Point-to-point send of M bytes over the NIC (``spans_nodes``) or the intra-node link: M / beta + alpha."""
     bw, lat = link_of(cluster, spans_nodes)
+    return _send_s(bw, lat, msg_bytes)
+
+
+def link_send_s(link: Link, msg_bytes):
+    """Point-to-point send of M bytes over ``link`` (between two pools of GPUs): M / beta + alpha."""
+    return _send_s(link.bus_bandwidth_bytes_per_s, link.latency_s, msg_bytes)
+
+
+def _send_s(bw, lat, msg_bytes):
+    """The alpha-beta time of one message (Hockney): M / beta + alpha, 0 for no message."""
     return np.where(np.asarray(msg_bytes) <= 0, 0.0, msg_bytes / bw + lat)
 
 

@@ -65,6 +65,10 @@ class StageEstimate:
     #: activation bytes per micro-batch this rank sends to host memory in forward and reloads in backward
     #: (fine-grained offloading; PCIe / C2C traffic each way)
     offload_bytes: float = 0.0
+    #: per step: this rank's data-parallel communication its compute does not hide, and its optimizer step (the
+    #: step waits for the slowest rank of each)
+    dp_exposed_s: float = 0.0
+    optimizer_s: float = 0.0
 
     @property
     def time_per_microbatch_s(self) -> float:
@@ -377,10 +381,16 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
     boundary activation across the pipeline link and the receiver all-gathers it over NVLink (none with SP, where
     the tensor is already split along the sequence)."""
     boundary = cfg.tokens_per_rank * model.hidden_size * ACT_BYTES
-    send = comm.p2p_s(cluster, groups.pp_spans_nodes, boundary / cfg.tp)
+    send = comm.p2p_s(cluster, groups.pp_spans_nodes, pipeline_message_bytes(model, cfg))
     regather = (np.asarray(cfg.tp) > 1) & ~np.asarray(cfg.sequence_parallel, dtype=bool)
     send = send + np.where(regather, comm.all_gather_s(cluster, groups.tp, boundary), 0.0)
     return np.where(np.asarray(pp) > 1, send, 0.0)
+
+
+def pipeline_message_bytes(model: ModelSpec, cfg: Config):
+    """Bytes one GPU sends per pipeline send: its 1/t share of the boundary activation (Megatron's scatter / gather
+    optimisation, :func:`pipeline_send_s`)."""
+    return cfg.tokens_per_rank * model.hidden_size * ACT_BYTES / cfg.tp
 
 
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
@@ -543,6 +553,27 @@ _groups_for = lru_cache(maxsize=4096)(comm.groups_for)
 _dp_groups = lru_cache(maxsize=4096)(dp_groups)
 
 
+def step_breakdown(bott: StageEstimate, passes: float, bubble_s: float, dp_exposed_s: float, optimizer_s: float,
+                   wait_s: float = 0.0, extra_pp_s: float = 0.0) -> dict[str, float]:
+    """Seconds per step by component: the bottleneck rank's per-micro-batch parts over its ``passes``, the
+    schedule's bubble, the exposed data-parallel communication, the optimizer step and the wait for the busiest
+    data-parallel rank (packed documents); ``extra_pp_s``: pipeline sends of the bottleneck rank its stage row
+    does not hold (between GPU pools), per micro-batch."""
+    return {
+        "compute_s": passes * bott.compute_s,
+        "recompute_s": passes * bott.recompute_compute_s,
+        "bubble_s": bubble_s,
+        "tp_comm_s": passes * bott.tp_comm_s,
+        "cp_comm_s": passes * bott.cp_comm_s,
+        "ep_comm_s": passes * bott.ep_comm_s,
+        "pp_comm_s": passes * (bott.pp_comm_s + extra_pp_s),
+        "offload_s": passes * bott.offload_s,
+        "dp_comm_s": dp_exposed_s,
+        "optimizer_s": optimizer_s,
+        **({"dp_imbalance_s": wait_s} if wait_s else {}),
+    }
+
+
 @lru_cache(maxsize=4096)
 def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Estimate:
     gpu = cluster.gpu
@@ -669,7 +700,9 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
                         gpu.comm_overlap_interference)
     local = zero_sharded_params(dense_p, expert_p, cfg.zero_stage, dp_shard, expert_dp_shard, "optimizer")
-    dp_exposed, opt_s = float(np.max(t_dp)), float(np.max(optimizer_step_s(local, gpu)))
+    t_opt = np.broadcast_to(optimizer_step_s(local, gpu), (p,))
+    t_dp = np.broadcast_to(t_dp, (p,))
+    dp_exposed, opt_s = float(np.max(t_dp)), float(np.max(t_opt))
     # packed variable-length documents: the ranks wait for the one with the most attention work (the busiest
     # pipeline rank's attention per micro-batch, over its passes)
     wait = float(packed_wait_s(np.max(rank["attn"]), cfg.packed_attention_cv, dp,
@@ -679,7 +712,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                                                                for x in states.values()))]
     stages = tuple(
         StageEstimate(**row, memory_bytes={**per_rank[r], "activations": act * row["inflight_microbatches"],
-                                           "workspace": ws})
+                                           "workspace": ws}, dp_exposed_s=float(t_dp[r]), optimizer_s=float(t_opt[r]))
         for r, (row, act, ws) in enumerate(zip(stage_rows, act_per_mb.tolist(), workspace.tolist())))
 
     step = pipe_s + dp_exposed + opt_s + wait
@@ -690,19 +723,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     limit = gpu.usable_memory_bytes
     peak = max(s.peak_memory_bytes for s in stages)
     bott = max(stages, key=lambda s: s.time_per_microbatch_s)
-    breakdown = {
-        "compute_s": passes * bott.compute_s,
-        "recompute_s": passes * bott.recompute_compute_s,
-        "bubble_s": bubble_s,
-        "tp_comm_s": passes * bott.tp_comm_s,
-        "cp_comm_s": passes * bott.cp_comm_s,
-        "ep_comm_s": passes * bott.ep_comm_s,
-        "pp_comm_s": passes * bott.pp_comm_s,
-        "offload_s": passes * bott.offload_s,
-        "dp_comm_s": dp_exposed,
-        "optimizer_s": opt_s,
-        **({"dp_imbalance_s": wait} if wait else {}),
-    }
+    breakdown = step_breakdown(bott, passes, bubble_s, dp_exposed, opt_s, wait)
     return Estimate(
         step_time_s=step, tokens_per_s=cfg.tokens_per_step / step, tflops_per_gpu=mflops / step / n / 1e12,
         mfu=mflops / step / (n * gpu.peak_flops), hfu=hflops / step / (n * gpu.peak_flops),

@@ -67,8 +67,19 @@ def export(plan: Any, target: str, *, source: str = "<plan>", option: str = "--t
         raise unsupported(target, "Megatron-Core's hybrid (dynamic) context parallelism (--hybrid-context-parallel; "
                                   "the planner writes it for Megatron-LM only)",
                           "export to megatron, or plan without --dynamic-cp")
+    pools = plan.get("pools") if isinstance(plan, dict) else None
+    if pools and target != "megatron":
+        raise unsupported(target, "a pipeline over several GPU pools (per-stage layer counts for GPUs of different "
+                                  "speeds, ranks ordered pool by pool); the planner writes it for Megatron-LM, whose "
+                                  "--pipeline-model-parallel-layout takes any split",
+                          "export to megatron")
     text = mod.render(plan, source)
-    return Export(target=target, text=text, notes=tuple(mod.notes(plan, source)), suffix=_TARGETS[target][1])
+    notes = tuple(mod.notes(plan, source))
+    if pools:
+        notes += tuple(f"ranks {p['ranks'][0] * p['stage_gpus']}-{(p['ranks'][-1] + 1) * p['stage_gpus'] - 1}: pool "
+                       f"{p['name']} ({p['gpus']} x {p['gpu']}, pipeline ranks {p['ranks'][0]}-{p['ranks'][-1]}); list "
+                       f"its nodes in this order in the hostfile / SLURM node list" for p in pools["pools"])
+    return Export(target=target, text=text, notes=notes, suffix=_TARGETS[target][1])
 
 
 def emit(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to") -> str:

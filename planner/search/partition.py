@@ -330,14 +330,15 @@ def _walk_caps(te: np.ndarray, at, sched, m: int, v: int, layers: int):
     return best_cfg, reached
 
 
-def _candidate(model: ModelSpec, cluster: Cluster, cfg: RunConfig, per_stage_recompute: bool,
-               limit: float) -> RunConfig | None:
-    """The DP's split (and per-stage recomputation) for ``cfg``'s pipeline. Stage lengths are first limited to a
-    few times the even share (a rank's time grows with its layers, so long stages only matter to caps above the
-    shortest excluded stage's time); where the walk reached such a cap, the limit doubles, up to all layers, so
-    the result is the unrestricted DP's."""
+def _candidate(model: ModelSpec, cfg: RunConfig, rates: _Rates, per_stage_recompute: bool,
+               limit) -> RunConfig | None:
+    """The DP's split (and per-stage recomputation) for ``cfg``'s pipeline under the per-rank linear model
+    ``rates`` and memory ``limit`` (one number, or one per rank). Stage lengths are first limited to a few times
+    the even share (a rank's time grows with its layers, so long stages only matter to caps above the shortest
+    excluded stage's time); where the walk reached such a cap, the limit doubles, up to all layers, so the result
+    is the unrestricted DP's."""
     m, L = cfg.num_microbatches, model.num_layers
-    rates = _rates(model, cluster, cfg, per_stage_recompute)
+    limit = np.asarray(limit, dtype=float).reshape(-1, 1, 1) if np.ndim(limit) else limit
     min_per_rank = MIN_LAYERS_PER_STAGE * cfg.vpp
     sched = get_schedule(cfg.schedule)
     increasing = all(np.all(np.asarray(x) >= 0) for r in rates.kinds
@@ -409,7 +410,7 @@ def partition(model: ModelSpec, cluster: Cluster, cfg: RunConfig, *,
     # same memory as "none" and, with a fused attention kernel, as "selective"; keep the input's own mode too
     modes = [True] if cfg.recompute_layers_per_stage is not None else [False, True]
     for per_stage in modes:
-        cand = _candidate(model, cluster, cfg, per_stage, limit)
+        cand = _candidate(model, cfg, _rates(model, cluster, cfg, per_stage), per_stage, limit)
         if cand is None or config_problems(model, cluster, cand):
             continue
         cand = _repair(model, cluster, cand, limit)
