@@ -173,3 +173,63 @@ def test_cli_plan_json_explain_and_exports(tmp_path):
     refused = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", MIXED, "--gpus", "64",
                                        "--global-batch", "256", "--stack", "torchtitan"])
     assert refused.exit_code == 2 and "--stack" in refused.output
+
+
+# ----- uneven data parallelism over pools (Metis) ------------------------------------------------------------
+def test_replicas_of_identical_pools_are_the_homogeneous_cluster():
+    """Two pools of one profile, the same micro-batches per replica: the homogeneous estimate of all replicas."""
+    from planner.cost.pooled import replica_estimate
+
+    h100 = load_cluster("h100-80gb-sxm")
+    pc = _pools(("a", "h100-80gb-sxm", 2), ("b", "h100-80gb-sxm", 2))
+    cfg = RunConfig(num_gpus=32, tp=2, pp=2, global_batch_size=64, seq_len=4096, sequence_parallel=True)
+    got = replica_estimate(L8B, pc, cfg, (8, 8))  # 4 + 4 replicas of 4 GPUs, 8 micro-batches each: a batch of 64
+    ref = estimate(L8B, h100, cfg)
+    assert got.replicas == (4, 4)
+    assert got.estimate.step_time_s == pytest.approx(ref.step_time_s, rel=1e-12)
+    assert got.estimate.tokens_per_s == pytest.approx(ref.tokens_per_s, rel=1e-12)
+
+
+def test_uneven_data_parallelism_gives_faster_pools_more_microbatches():
+    from planner.cost.pooled import replica_estimate
+    from planner.search.pooled import allocate_microbatches, replica_candidates, search_replicas
+
+    pc = load_pooled_cluster(MIXED)
+    best = search_replicas(L8B, pc, 256, 4096)
+    reps, mbs = best.estimate.replicas, best.estimate.microbatches
+    assert sum(r * m for r, m in zip(reps, mbs)) * best.config.micro_batch_size == 256
+    assert mbs[0] > mbs[1]  # an H100 replica takes more micro-batches than an A100 one
+    # the allocation is the best of every split of the batch over the two pools (brute force)
+    total = 256 // best.config.micro_batch_size
+    options = [replica_estimate(L8B, pc, best.config, (m, (total - reps[0] * m) // reps[1]))
+               for m in range(1, total // reps[0]) if (total - reps[0] * m) % reps[1] == 0]
+    fitting = [o.estimate.step_time_s for o in options if o.estimate.fits]
+    assert best.estimate.estimate.step_time_s == pytest.approx(min(fitting), rel=1e-12)
+    # the bound of the search is below every candidate's best allocation, and the search's best is the least
+    small = _pools(("h100", "h100-80gb-sxm", 1), ("a100", "a100-80gb-sxm", 1))
+    found = search_replicas(L8B, small, 32, 2048)
+    times = [a.estimate.step_time_s for c in replica_candidates(L8B, small, 32, 2048)
+             if (a := allocate_microbatches(L8B, small, c)) is not None]
+    assert found.estimate.estimate.step_time_s == pytest.approx(min(times), rel=1e-12)
+
+
+def test_a_slow_link_between_pools_slows_the_gradient_ring():
+    """The data-parallel ring over every pool runs at its slowest hop (the link between the pools here)."""
+    from planner.cost.pooled import replica_estimate, slowest_link
+
+    cfg = RunConfig(num_gpus=32, tp=1, pp=1, global_batch_size=64, seq_len=2048)
+    steps = []
+    for gb_s in (1, 25):
+        pc = _pools(("h100", "h100-80gb-sxm", 2), ("a100", "a100-80gb-sxm", 2),
+                    links=[{"pools": ["h100", "a100"], "bandwidth_gb_s": gb_s, "latency_us": 6, "efficiency": 1.0}])
+        assert slowest_link(pc).bandwidth_bytes_per_s == gb_s * 1e9
+        steps.append(replica_estimate(L8B, pc, cfg, (3, 1)).estimate.step_time_s)
+    assert steps[0] > 1.5 * steps[1]
+
+
+def test_cli_reports_uneven_data_parallelism_and_exports_the_launchable_plan():
+    r = CliRunner().invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", MIXED, "--gpus", "64",
+                                 "--global-batch", "256", "--seq-len", "4096", "--json"])
+    u = json.loads(r.stdout)["pools"]["uneven_data_parallel"]
+    assert u["launchable"] is False and [p["name"] for p in u["pools"]] == ["h100", "a100"]
+    assert sum(p["replicas"] * p["microbatches_per_replica"] for p in u["pools"]) * u["micro_batch_size"] == 256

@@ -53,6 +53,16 @@ def plan_over_pools(model: ModelSpec, pooled: PooledCluster, gpus: int, global_b
     best = plans[0]
     alone = pools_alone(model, pooled, global_batch, seq_len, precision)
     best["pools"]["each_pool_alone"] = alone
+    from planner.search.pooled import search_replicas
+
+    uneven = search_replicas(model, pooled, global_batch, seq_len, precision=precision)
+    best["pools"]["uneven_data_parallel"] = None if uneven is None else {
+        "layout": layout_label(uneven.config.with_(num_gpus=uneven.config.tp * uneven.config.pp *
+                                                   sum(uneven.estimate.replicas))).split(" mb")[0],
+        "tp": uneven.config.tp, "pp": uneven.config.pp, "vpp": uneven.config.vpp,
+        "micro_batch_size": uneven.config.micro_batch_size, "schedule": uneven.config.schedule,
+        "recompute": uneven.config.recompute, **uneven.estimate.to_dict(pooled),
+        "launchable": False}
     best["alternatives"] = plans[1:]
     best["search"] = {"candidates": res.candidates, "exact_evaluations": res.evaluated,
                       "pruned_by_objective_bound": res.candidates - res.evaluated}
@@ -66,6 +76,19 @@ def plan_over_pools(model: ModelSpec, pooled: PooledCluster, gpus: int, global_b
     if emit is not None and out is None:
         return
     _print(model, pooled, res, best, alone, global_batch, seq_len)
+
+
+def _uneven_line(u: dict | None, step_s: float) -> str:
+    if u is None:
+        return "uneven data parallelism (one layout replicated in every pool): nothing fits"
+    per = ", ".join(f"{p['replicas']} {p['name']} replicas x {p['microbatches_per_replica']} micro-batches"
+                    for p in u["pools"])
+    ratio = step_s / u["step_time_s"]
+    verdict = (f"{ratio:.2f}x faster than the pipeline over the pools, but no launcher the planner writes runs "
+               f"different micro-batch counts per data-parallel rank: the plan above is the one to launch"
+               if ratio > 1 else f"{1 / ratio:.2f}x slower than the pipeline over the pools")
+    return (f"uneven data parallelism (Metis): {u['layout']} mb{u['micro_batch_size']} {u['schedule']}, {per}: "
+            f"{u['step_time_s']:.3f} s per step ({verdict})")
 
 
 def _print(model, pooled, res, best: dict, alone: list[dict], global_batch: int, seq_len: int) -> None:
@@ -101,6 +124,7 @@ def _print(model, pooled, res, best: dict, alone: list[dict], global_batch: int,
         else:
             con.print(f"pool {a['pool']} alone ({a['gpus']} x {a['gpu']}): {a['layout']}, {a['step_time_s']:.3f} s "
                       f"per step ({e.tokens_per_s / a['tokens_per_s']:.2f}x slower than the pools together)")
+    con.print(_uneven_line(best["pools"]["uneven_data_parallel"], e.step_time_s))
     if res.ranked[1:]:
         t2 = Table(title="Runners-up")
         add_columns(t2, ("#", "layout", "schedule, recompute, ZeRO", "layers per stage", "step s"),

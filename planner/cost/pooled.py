@@ -61,6 +61,13 @@ def pooled_problems(pooled: PooledCluster, cfg: RunConfig) -> list[tuple[str, st
     return out
 
 
+def rank_times(stages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank, per micro-batch: F, B with recomputation, and W, as ``step.estimate`` composes them."""
+    return (np.array([s.fwd_s for s in stages]),
+            np.array([s.bwd_s - s.bwd_weight_s + s.recompute_s for s in stages]),
+            np.array([s.bwd_weight_s for s in stages]))
+
+
 @dataclass(frozen=True)
 class PooledEstimate:
     """The estimate of a pipeline over pools, with each rank's pool and the pipeline sends between pools."""
@@ -102,9 +109,7 @@ def pooled_estimate(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig) -> 
     p, v, m = cfg.pp, cfg.vpp, cfg.num_microbatches
     per_pool = {q: estimate(model, pooled.pools[q].cluster, cfg) for q in sorted(set(pools))}
     rows: list[StageEstimate] = [per_pool[q].stages[r] for r, q in enumerate(pools)]
-    F = np.array([s.fwd_s for s in rows])
-    B = np.array([s.bwd_s - s.bwd_weight_s + s.recompute_s for s in rows])
-    W = np.array([s.bwd_weight_s for s in rows])
+    F, B, W = rank_times(rows)
     msg = float(pipeline_message_bytes(model, cfg))
     boundary = [0.0] * p
     for r in range(p):
@@ -149,3 +154,99 @@ def pooled_estimate(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig) -> 
                    stages=tuple(replace(s, rank=r) for r, s in enumerate(rows)))
     return PooledEstimate(est, pools, tuple(boundary), limits, stage_gpus(cfg),
                           tuple(zip(F.tolist(), B.tolist(), W.tolist())), pipe_s)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data-parallel replicas over pools (Metis' uneven data parallelism): each pool runs whole pipeline replicas of one
+# common layout, with its own number of micro-batches per replica
+# ---------------------------------------------------------------------------------------------------------------
+def slowest_link(pooled: PooledCluster):
+    """The slowest hop a ring over every pool crosses: each pool's own network and the links between pools (the
+    slowest-link rule for a group that spans pools)."""
+    links = [p.cluster.inter_node for p in pooled.pools]
+    links += [pooled.link(i, j) for i in range(len(pooled.pools)) for j in range(i + 1, len(pooled.pools))]
+    return min(links, key=lambda x: x.bus_bandwidth_bytes_per_s)
+
+
+def replica_counts(pooled: PooledCluster, cfg: RunConfig) -> tuple[int, ...]:
+    """Pipeline replicas (TP x CP x PP GPUs each) of each pool."""
+    per = cfg.tp * cfg.cp * cfg.pp
+    return tuple(p.num_gpus // per for p in pooled.pools)
+
+
+def replicas_problems(pooled: PooledCluster, cfg: RunConfig) -> list[tuple[str, str]]:
+    """Why ``cfg``'s pipeline cannot be replicated inside every pool, as (option, message)."""
+    per = cfg.tp * cfg.cp * cfg.pp
+    out = [("pp", f"pool {p.name} ({p.num_gpus} GPUs) does not hold whole replicas of tp*cp*pp = {per} GPUs")
+           for p in pooled.pools if p.num_gpus % per]
+    if get_schedule(cfg.schedule).placement is not None:
+        out.append(("schedule", f"{cfg.schedule} is not modelled over pools; use 1f1b or interleaved-1f1b"))
+    if cfg.offload_layers or cfg.offload_modules:
+        out.append(("offload_layers", "activation offloading over pools is not modelled; drop it"))
+    return out
+
+
+@dataclass(frozen=True)
+class ReplicaEstimate:
+    """Uneven data parallelism over pools: the step (the slowest pool's), each pool's replicas, micro-batches per
+    replica, step and estimate."""
+
+    estimate: Estimate
+    replicas: tuple[int, ...]
+    microbatches: tuple[int, ...]  # per replica of each pool
+    pool_steps_s: tuple[float, ...]
+    pool_estimates: tuple[Estimate, ...]
+
+    def to_dict(self, pooled: PooledCluster) -> dict:
+        return {"pools": [{"name": p.name, "gpu": p.cluster.gpu.name, "replicas": r, "microbatches_per_replica": m,
+                           "step_time_s": t, "peak_memory_gib": e.peak_memory_gib, "fits": e.fits}
+                          for p, r, m, t, e in zip(pooled.pools, self.replicas, self.microbatches, self.pool_steps_s,
+                                                   self.pool_estimates)],
+                "step_time_s": self.estimate.step_time_s, "tokens_per_s": self.estimate.tokens_per_s,
+                "mfu": self.estimate.mfu}
+
+
+def pool_replica_step(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig, pool: int,
+                      microbatches: int) -> tuple[float, Estimate]:
+    """Pool ``pool``'s step with ``microbatches`` per replica, and its estimate. Its replicas' pipelines run on the
+    pool's own profile; their gradients are reduced (and, from ZeRO-1 on, their states sharded) over the replicas
+    of every pool, a data-parallel group whose ring runs at :func:`slowest_link`; the pool's overlap window is its
+    own backward (``step.estimate`` with that link as the network)."""
+    n_dp = sum(replica_counts(pooled, cfg))
+    c = pooled.pools[pool].cluster
+    cfg_all = cfg.with_(num_gpus=cfg.tp * cfg.cp * cfg.pp * n_dp,
+                        global_batch_size=n_dp * microbatches * cfg.micro_batch_size)
+    ring = estimate(model, replace(c, inter_node=slowest_link(pooled)), cfg_all)
+    own = estimate(model, c, cfg_all)  # pipeline sends on the pool's own network
+    st = own.stages
+    F, B, W = rank_times(st)
+    pipe = float(get_schedule(cfg.schedule).time(F, B, W, microbatches, cfg.vpp).total_s)
+    step = pipe + max(s.dp_exposed_s for s in ring.stages) + max(s.optimizer_s for s in ring.stages)
+    return step, ring
+
+
+def replica_estimate(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig,
+                     microbatches: tuple[int, ...]) -> ReplicaEstimate:
+    """The step of uneven data parallelism with ``microbatches`` per replica of each pool: every replica waits for
+    the gradients of all, so the step is the slowest pool's; throughput is the global batch over it (the breakdown
+    and per-rank rows are the slowest pool's)."""
+    problems = replicas_problems(pooled, cfg)
+    if problems:
+        option, message = problems[0]
+        raise PlannerError(message, source=f"--{option.replace('_', '-')}")
+    reps = replica_counts(pooled, cfg)
+    steps, ests = zip(*(pool_replica_step(model, pooled, cfg, i, m) for i, m in enumerate(microbatches)))
+    step = max(steps)
+    gbs = sum(r * m for r, m in zip(reps, microbatches)) * cfg.micro_batch_size
+    tokens = gbs * cfg.seq_len
+    mflops = model_flops_per_step(model, gbs, cfg.seq_len)
+    peak_flops = sum(pool.num_gpus * pool.cluster.gpu.peak_flops for pool in pooled.pools)
+    worst = int(np.argmax([e.peak_memory_bytes / e.memory_limit_bytes for e in ests]))
+    slow = int(np.argmax(steps))
+    e = ests[slow]
+    est = Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=mflops / step / pooled.num_gpus / 1e12,
+                   mfu=mflops / step / peak_flops, hfu=mflops / step / peak_flops * (e.hfu / e.mfu if e.mfu else 1.0),
+                   peak_memory_bytes=ests[worst].peak_memory_bytes, memory_limit_bytes=ests[worst].memory_limit_bytes,
+                   fits=all(x.fits for x in ests), breakdown=dict(e.breakdown),
+                   stages=e.stages)
+    return ReplicaEstimate(est, reps, tuple(microbatches), tuple(steps), tuple(ests))

@@ -23,7 +23,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from planner.cost.pooled import PooledEstimate, pooled_estimate, pooled_problems, rank_pools
+from planner.cost.pooled import (PooledEstimate, ReplicaEstimate, pool_replica_step, pooled_estimate, pooled_problems,
+                                  rank_pools, replica_counts, replica_estimate, replicas_problems)
 from planner.cost.validity import config_problems, tp_splits_heads
 from planner.errors import PlannerError
 from planner.search.partition import _Rates, _TypeRates, _candidate, _rates
@@ -173,3 +174,107 @@ def search_pooled(model: ModelSpec, pooled: PooledCluster, global_batch: int, se
                            fix="add GPUs, shorten --seq-len or lower --global-batch")
     ranked = tuple(sorted(found, key=lambda x: x.estimate.estimate.step_time_s)[:top + 1])
     return PooledSearch(ranked, len(cands), evaluated)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Uneven data parallelism over pools (Metis): one pipeline layout replicated inside every pool, micro-batches per
+# replica by pool speed
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReplicaPlan:
+    config: RunConfig  # the common layout (num_gpus, global batch and DP as one pool's view; see ``estimate``)
+    estimate: ReplicaEstimate
+
+
+def allocate_microbatches(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig) -> ReplicaEstimate | None:
+    """Micro-batches per replica of each pool (at least one) summing, over the replicas, to the global batch's, of
+    least step (the slowest pool's): a dynamic program over the pools, states = micro-batches placed so far; each
+    pool's step grows with its count, so its counts are tried upwards until they overflow. None where no count
+    fits (memory) or none sums up."""
+    reps = replica_counts(pooled, cfg)
+    total = cfg.global_batch_size // cfg.micro_batch_size
+    cache: dict[tuple[int, int], tuple[float, bool]] = {}
+
+    def step(i: int, m: int) -> tuple[float, bool]:
+        if (i, m) not in cache:
+            t, est = pool_replica_step(model, pooled, cfg, i, m)
+            cache[(i, m)] = (t, est.fits)
+        return cache[(i, m)]
+
+    best: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for i, r in enumerate(reps):
+        rest = sum(reps[i + 1:])  # each later replica needs one micro-batch at least
+        new: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for used, (t, choice) in best.items():
+            m = 1
+            while used + r * m + rest <= total:
+                t_i, fits = step(i, m)
+                if fits:
+                    u, cand = used + r * m, (max(t, t_i), choice + (m,))
+                    if u not in new or cand[0] < new[u][0]:
+                        new[u] = cand
+                m += 1
+        best = new
+    if total not in best:
+        return None
+    return replica_estimate(model, pooled, cfg, best[total][1])
+
+
+def replica_candidates(model: ModelSpec, pooled: PooledCluster, global_batch: int, seq_len: int,
+                       precision: str = "bf16") -> list[RunConfig]:
+    """Layouts a pipeline replica of every pool can take: TP dividing every pool's node, TP x PP dividing every
+    pool, every micro-batch size leaving one micro-batch per replica at least, 1F1B and interleaved 1F1B (2 virtual
+    stages), selective or full recomputation, ZeRO-1; layers split evenly (replicas must hold the same layers)."""
+    L = model.num_layers
+    node = min(p.cluster.gpus_per_node for p in pooled.pools)
+    smallest = min(p.num_gpus for p in pooled.pools)
+    out = []
+    for tp in divisors(node):
+        if not tp_splits_heads(model, tp):
+            continue
+        for pp in divisors(smallest // tp):
+            if pp > L or any(p.num_gpus % (tp * pp) for p in pooled.pools):
+                continue
+            n_dp = sum(p.num_gpus // (tp * pp) for p in pooled.pools)
+            for mb in divisors(global_batch):
+                if global_batch // mb < n_dp:
+                    continue
+                for schedule, vpp in POOLED_SCHEDULES if pp > 1 else POOLED_SCHEDULES[:1]:
+                    if pp * vpp > L:
+                        continue
+                    for recompute in ("selective", "full"):
+                        cfg = RunConfig(num_gpus=pooled.num_gpus, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
+                                        global_batch_size=global_batch, micro_batch_size=mb, seq_len=seq_len,
+                                        sequence_parallel=tp > 1, zero_stage=1, recompute=recompute,
+                                        precision=precision,
+                                        layers_per_stage=even_layer_split(L, pp * vpp) if pp > 1 else None)
+                        probe = cfg.with_(num_gpus=tp * pp * n_dp, global_batch_size=n_dp * mb)
+                        if replicas_problems(pooled, cfg) or any(config_problems(model, p.cluster, probe)
+                                                                 for p in pooled.pools):
+                            continue
+                        out.append(cfg)
+    return out
+
+
+def search_replicas(model: ModelSpec, pooled: PooledCluster, global_batch: int, seq_len: int, *,
+                    precision: str = "bf16") -> ReplicaPlan | None:
+    """The fastest uneven-data-parallel plan that fits, or None. Branch and bound: a pool's step with m
+    micro-batches per replica is at least m times its bottleneck rank's time per micro-batch a_i, so any
+    allocation's step is at least M / sum_i (replicas_i / a_i) (M micro-batches in all, filled continuously)."""
+    cands = replica_candidates(model, pooled, global_batch, seq_len, precision)
+    bounds = []
+    for cfg in cands:
+        reps = replica_counts(pooled, cfg)
+        rate = 0.0
+        for i, r in enumerate(reps):
+            _, est = pool_replica_step(model, pooled, cfg, i, 1)
+            rate += r / max(s.time_per_microbatch_s for s in est.stages)
+        bounds.append((global_batch // cfg.micro_batch_size) / rate)
+    best: ReplicaPlan | None = None
+    for i in np.argsort(bounds, kind="stable"):
+        if best is not None and bounds[i] >= best.estimate.estimate.step_time_s:
+            break
+        got = allocate_microbatches(model, pooled, cands[i])
+        if got is not None and (best is None or got.estimate.step_time_s < best.estimate.estimate.step_time_s):
+            best = ReplicaPlan(cands[i], got)
+    return best
