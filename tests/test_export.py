@@ -39,6 +39,7 @@ MEGATRON_FLAGS = {
     "--kv-channels", "--max-position-embeddings", "--untie-embeddings-and-output-weights", "--swiglu",
     "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
     "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+    "--moe-token-dispatcher-type", "--moe-grouped-gemm",
     "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16", "--fp16",
     "--fp8-format", "--fp8-recipe", "--grad-reduce-in-bf16", "--ckpt-format", "--cross-entropy-loss-fusion",
     "--cpu-offloading-num-layers",
@@ -319,6 +320,7 @@ BRIDGE_PATHS = {
     "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
     "model.virtual_pipeline_model_parallel_size", "model.context_parallel_size", "model.sequence_parallel",
     "model.expert_model_parallel_size", "model.expert_tensor_parallel_size", "model.cp_comm_type",
+    "model.moe_token_dispatcher_type", "model.moe_grouped_gemm",
     "model.pipeline_model_parallel_layout", "model.seq_length", "dataset.seq_length", "train.micro_batch_size",
     "train.global_batch_size", "model.recompute_granularity", "model.recompute_modules", "model.recompute_method",
     "model.recompute_num_layers", "ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer",
@@ -687,3 +689,20 @@ def test_torchtitan_runs_dualpipev_and_its_expert_parallel_overlap():
     with pytest.raises(PlannerError, match="dualpipe"):
         emit(config_only_plan(model="llama-3.1-70b", num_gpus=32, tp=8, pp=4, global_batch_size=64,
                               schedule="dualpipe"), "torchtitan")
+
+
+def test_megatron_exports_what_megatron_core_asks_of_moe_and_fp8():
+    """Megatron-Core's TransformerConfig rules (conformance/test_megatron_core.py runs them): the all-to-all
+    dispatcher and grouped GEMM the plan costs (the defaults are allgather and one GEMM per expert, with which
+    --overlap-moe-expert-parallel-comm and moe_act recomputation are refused), and per-tensor current scaling where
+    fp8 recomputes moe_act or layernorm (delayed scaling refused)."""
+    from planner.export import megatron, nemo
+
+    plan = config_only_plan(model="mixtral-8x7b", num_gpus=64, ep=8, global_batch_size=64, precision="fp8",
+                            recompute="selective", recompute_modules="layernorm,moe_act")
+    args = " ".join(megatron.render(plan).split())
+    assert "--moe-token-dispatcher-type alltoall" in args and "--moe-grouped-gemm" in args
+    assert "--fp8-recipe tensorwise" in args
+    assert nemo.overrides(plan)["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
+    plain = config_only_plan(model="mixtral-8x7b", num_gpus=64, ep=8, global_batch_size=64, precision="fp8")
+    assert "--fp8-recipe delayed" in " ".join(megatron.render(plain).split())

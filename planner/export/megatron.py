@@ -26,7 +26,7 @@ LAUNCHER = "megatron"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
 RELEASE = 'Megatron-LM main (megatron/training/arguments.py; Megatron Core 0.16)'
 FORMAT = 'bash array of pretrain_gpt.py arguments + environment'
-CHECKED_BY = 'the names and rules of arguments.py (tests/test_export.py)'
+CHECKED_BY = 'Megatron-Core 0.16.1 TransformerConfig / DistributedDataParallelConfig (conformance/) and the names of arguments.py (tests/test_export.py)'
 #: planner schedule name -> how Megatron-LM runs it (None: it cannot)
 SCHEDULE_SUPPORT: dict[str, str | None] = {
     "1f1b": "1F1B (forward_backward_pipelining_without_interleaving)",
@@ -131,7 +131,12 @@ def _model_args(view: PlanView) -> list[str]:
         args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
     if m.is_moe:
         args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.experts_per_token),
-                 "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+                 "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size),
+                 # what the plan costs: the all-to-all token dispatcher (planner.cost.moe) and Transformer Engine's
+                 # grouped GEMM over the local experts (compute.ffn_ops); Megatron-Core's defaults are the
+                 # all-gather dispatcher and one GEMM per expert, and its --overlap-moe-expert-parallel-comm and
+                 # moe_act recomputation need these (TransformerConfig.__post_init__)
+                 "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
         if m.num_shared_experts:
             args += ["--moe-shared-expert-intermediate-size", str(m.num_shared_experts * m.moe_ffn_hidden_size)]
         if m.first_k_dense_layers and not m.layer_pattern:
@@ -224,7 +229,23 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         args += ["--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", str(view.hybrid_cp_max_per_rank),
                  "--calculate-per-token-loss", "--dataloader-type", "single"]
     args += _model_args(view)
-    args += PRECISION_ARGS[cfg.precision]
+    args += precision_args(cfg)
+    return args
+
+
+def current_scaling_needed(cfg) -> bool:
+    """fp8 with moe_act or layernorm recomputation: Megatron-Core refuses delayed scaling with them
+    (TransformerConfig.__post_init__: 'Delayed scaling does not support moe_act and layernorm recompute'), so the
+    export takes per-tensor current scaling, what Megatron-Bridge's fp8_cs recipes run."""
+    return cfg.precision == "fp8" and cfg.recompute == "selective" and bool(
+        {"moe_act", "layernorm"} & set(cfg.recompute_modules.split(",")))
+
+
+def precision_args(cfg) -> list[str]:
+    """:data:`PRECISION_ARGS` of the plan's precision, with current scaling where :func:`current_scaling_needed`."""
+    args = list(PRECISION_ARGS[cfg.precision])
+    if current_scaling_needed(cfg):
+        args[args.index("delayed")] = "tensorwise"
     return args
 
 

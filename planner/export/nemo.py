@@ -23,7 +23,8 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
                                     unsupported)
-from planner.export.megatron import CP_COMM_TYPE, FSDP_SHARDING, check_plan, environment, hybrid_pattern, layout_string
+from planner.export.megatron import (CP_COMM_TYPE, FSDP_SHARDING, check_plan, current_scaling_needed, environment,
+                                     hybrid_pattern, layout_string)
 
 LAUNCHER = "nemo"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -61,6 +62,9 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if view.is_moe:
         out["model.expert_model_parallel_size"] = cfg.ep
         out["model.expert_tensor_parallel_size"] = cfg.expert_tp
+        # the dispatcher and expert GEMMs the plan costs (Megatron-Core's defaults are allgather, one GEMM per expert)
+        out["model.moe_token_dispatcher_type"] = "alltoall"
+        out["model.moe_grouped_gemm"] = True
     if cfg.cp > 1:
         out["model.cp_comm_type"] = CP_COMM_TYPE[cfg.cp_kind]
     if view.model is not None and view.model.layer_pattern:
@@ -99,7 +103,8 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
     if cfg.offload_modules:  # TransformerConfig fields (Megatron-Core fine-grained activation offloading)
         out.update({"model.fine_grained_activation_offloading": True,
                     "model.offload_modules": cfg.offload_modules.split(",")})
-    out["mixed_precision"] = MIXED_PRECISION[cfg.precision]
+    out["mixed_precision"] = "bf16_with_fp8_current_scaling_mixed" if current_scaling_needed(cfg) else \
+        MIXED_PRECISION[cfg.precision]
     return out
 
 

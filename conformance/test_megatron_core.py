@@ -1,0 +1,182 @@
+"""Megatron-LM exports checked by Megatron-Core's own configuration classes (issue 11): the arguments of every
+export of a spread of plans become ``TransformerConfig`` (``MLATransformerConfig`` for MLA models) and
+``DistributedDataParallelConfig`` fields, whose ``__post_init__`` runs Megatron-Core's rules (parallel degrees, MoE and
+expert parallelism, recompute modules, fp8 recipes, the all-to-all overlap, the pipeline layout string, which it
+parses itself), on the CPU.
+
+Megatron-LM's own ``parse_args`` lives in ``megatron.training``, which the megatron-core wheel does not ship; the
+step from arguments to config fields is Megatron-LM's ``core_transformer_config_from_args`` (an argument whose name,
+dashes as underscores, is a config field sets it) plus the renames it makes, written out below. Arguments of the
+training loop (batch sizes, data, optimizer) are not config fields and are left to Megatron-LM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import typing
+
+import pytest
+import torch
+import torch.nn.functional as F
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+from planner.errors import PlannerError
+from planner.export import emit
+
+from test_launchers import CONFIGS, _plan, _plans
+
+#: Megatron-LM argument -> config field, where the names differ (megatron/training/arguments.py
+#: core_transformer_config_from_args and the DDP config built in megatron/training/training.py)
+RENAMES = {"num_experts": "num_moe_experts", "fp8_format": "fp8",
+           "accumulate_allreduce_grads_in_fp32": "grad_reduce_in_fp32",
+           "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+           "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+           "disable_bias_linear": None, "swiglu": None, "group_query_attention": None, "bf16": "bf16",
+           "num_layers_per_virtual_pipeline_stage": None, "untie_embeddings_and_output_weights": None,
+           "multi_latent_attention": None}
+
+#: every Megatron-Core MoE / fp8 / overlap plan the spread below adds to the launcher conformance spread
+EXTRA = [
+    dict(model="mixtral-8x7b", num_gpus=64, tp=2, pp=2, vpp=2, schedule="interleaved-1f1b", ep=8,
+         global_batch_size=64, seq_len=4096, precision="fp8", recompute_modules="core_attn,moe"),
+    dict(model="mixtral-8x7b", num_gpus=64, pp=2, vpp=2, schedule="interleaved-1f1b", ep=8, global_batch_size=64,
+         recompute="none", ep_comm_overlap=True),
+    dict(model="deepseek-v3", num_gpus=256, pp=8, ep=32, global_batch_size=256, seq_len=4096, precision="fp8",
+         recompute_modules="layernorm,mla_up_proj,moe_act"),
+    dict(model="llama-3.1-8b", num_gpus=16, tp=2, pp=2, global_batch_size=32, seq_len=8192,
+         layers_per_stage=(15, 17), recompute_modules="core_attn,layernorm,mlp"),
+]
+
+
+def _args(text: str) -> list[str]:
+    """The PLANNER_ARGS array of an exported script, as bash reads it."""
+    out = subprocess.run(["bash", "-c", 'source /dev/stdin; printf "%s\\n" "${PLANNER_ARGS[@]}"'], input=text,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def _options(args: list[str]) -> dict[str, list[str]]:
+    """``--name v1 v2`` -> {"name": ["v1", "v2"]}, a flag -> []."""
+    opts: dict[str, list[str]] = {}
+    name = None
+    for a in args:
+        if a.startswith("--"):
+            name = a[2:].replace("-", "_")
+            opts[name] = []
+        elif name is not None:
+            opts[name].append(a)
+    return opts
+
+
+def _convert(value: list[str], annotation):
+    """A field's value from its argument's words, by the field's declared type."""
+    if not value:
+        return True
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (list, typing.List) or any(typing.get_origin(a) in (list, typing.List) for a in args):
+        return list(value)
+    word = value[0]
+    for kind in ([annotation] if not args else args):
+        if kind is bool:
+            return word.lower() in ("1", "true")
+        if kind in (int, float):
+            try:
+                return kind(word)
+            except ValueError:
+                continue
+    return word
+
+
+def configs_from_args(args: list[str]):
+    """(TransformerConfig, DistributedDataParallelConfig) as Megatron-LM would build them from ``args``."""
+    opts = _options(args)
+    mla = "multi_latent_attention" in opts
+    cls = MLATransformerConfig if mla else TransformerConfig
+    tf_fields = {f.name: f for f in dataclasses.fields(cls)}
+    ddp_fields = {f.name: f for f in dataclasses.fields(DistributedDataParallelConfig)}
+    hints = typing.get_type_hints(cls)
+    ddp_hints = typing.get_type_hints(DistributedDataParallelConfig)
+    tf, ddp = {}, {}
+    for name, value in opts.items():
+        field = RENAMES.get(name, name)
+        if field is None:
+            continue
+        if field in tf_fields:
+            tf[field] = _convert(value, hints[field])
+        if field in ddp_fields:
+            ddp[field] = _convert(value, ddp_hints[field])
+    # the renames core_transformer_config_from_args makes by hand: one --cp-comm-type for every layer is a string
+    if isinstance(tf.get("cp_comm_type"), list) and len(tf["cp_comm_type"]) == 1:
+        tf["cp_comm_type"] = tf["cp_comm_type"][0]
+    if "swiglu" in opts:
+        tf.update(gated_linear_unit=True, activation_func=F.silu, bias_activation_fusion=True)
+    tf["add_bias_linear"] = "disable_bias_linear" not in opts
+    if "group_query_attention" not in opts:
+        tf.pop("num_query_groups", None)
+    # params_dtype from --bf16 / --fp16, and the pipeline's send dtype is the same (core_transformer_config_from_args)
+    dtype = torch.bfloat16 if "bf16" in opts else torch.float16 if "fp16" in opts else torch.float32
+    tf["params_dtype"] = tf["pipeline_dtype"] = dtype
+    if "num_layers_per_virtual_pipeline_stage" in opts:
+        per = int(opts["num_layers_per_virtual_pipeline_stage"][0])
+        tf["virtual_pipeline_model_parallel_size"] = tf["num_layers"] // tf["pipeline_model_parallel_size"] // per
+    tf.setdefault("num_layers", 1)
+    return cls(**tf), DistributedDataParallelConfig(**ddp)
+
+
+@pytest.fixture(autouse=True)
+def _transformer_engine_of_the_recipes(monkeypatch):
+    """Transformer Engine is not installable on a CPU machine; where Megatron-Core's rules ask its version (fp8 with
+    moe_act / layernorm recomputation needs TE >= 2.6), answer as a current TE would: the recipes run TE 2.x."""
+    import megatron.core.transformer.transformer_config as tc
+
+    monkeypatch.setattr(tc, "is_te_min_version", lambda *a, **k: True, raising=False)
+
+
+def _megatron_plans():
+    """The launchers' spread planned for Megatron-LM, the extra plans above, each with its export (a hand-written
+    corner Megatron-LM cannot run, a torchtitan-only schedule, is left out by the exporter's refusal)."""
+    out = [(n, p) for n, p in _plans("megatron")]
+    out += [(f"megatron-extra-{i}-{spec['model']}", _plan(spec)) for i, spec in enumerate(EXTRA)]
+    kept = []
+    for name, plan in out:
+        try:
+            kept.append((name, plan, emit(plan, "megatron")))
+        except PlannerError as e:
+            if "cannot run" not in str(e):
+                raise
+    return kept
+
+
+MEGATRON_PLANS = _megatron_plans()
+
+
+@pytest.mark.parametrize("name, plan, text", MEGATRON_PLANS, ids=lambda x: x if isinstance(x, str) and
+                         not x.startswith("#") else "")
+def test_megatron_core_accepts_every_export(name, plan, text):
+    tf, ddp = configs_from_args(_args(text))
+    par = plan["parallelism"]
+    assert tf.tensor_model_parallel_size == par["tp"] and tf.pipeline_model_parallel_size == par["pp"]
+    assert tf.context_parallel_size == par["cp"] and tf.expert_model_parallel_size == par["ep"]
+    if par["pp"] > 1 and par["vpp"] > 1:
+        assert tf.virtual_pipeline_model_parallel_size == par["vpp"] or tf.pipeline_model_parallel_layout is not None
+    if plan["recompute"]["mode"] == "selective":
+        assert tf.recompute_granularity == "selective"
+        assert sorted(tf.recompute_modules) == sorted(plan["recompute"].get("modules", ["core_attn"]))
+    if plan["options"].get("ep_comm_overlap"):
+        assert tf.overlap_moe_expert_parallel_comm
+    if plan.get("layers_per_stage") and tf.pipeline_model_parallel_layout is not None:
+        # Megatron-Core parsed the layout string: its decoder layers per model chunk are the plan's
+        layout = tf.pipeline_model_parallel_layout
+        assert layout.pipeline_model_parallel_size == par["pp"]
+    if par["zero_stage"] <= 1:
+        assert ddp.use_distributed_optimizer == (par["zero_stage"] == 1)
+
+
+def test_the_extra_spread_covers_what_it_says():
+    assert len(MEGATRON_PLANS) >= len(EXTRA) + 5
+    assert any("moe" in s.get("recompute_modules", "") for s in EXTRA)
+    assert any(s.get("ep_comm_overlap") for s in EXTRA) and any(s.get("layers_per_stage") for s in EXTRA)
+    assert CONFIGS  # the launchers' spread is shared
