@@ -130,7 +130,7 @@ def test_branch_and_bound_is_exact_within_the_space():
     for cfg in pooled_candidates(L8B, pc, 32, 2048):
         bound = cfg.num_microbatches * balance_bound_s(pooled_rates(L8B, pc, cfg, False), L8B.num_layers)
         try:
-            got, pe = partition_pooled(L8B, pc, cfg)
+            pe = partition_pooled(L8B, pc, cfg).estimate
         except PlannerError:
             continue
         assert bound <= pe.pipeline_s * (1 + 1e-9)

@@ -104,11 +104,12 @@ def _print(model, pooled, res, best: dict, alone: list[dict], global_batch: int,
     t = Table(title="Pipeline ranks by pool")
     add_columns(t, ("rank", "pool", "GPU", "layers", "recomputed", "F+B ms / mb", "GiB", "of GiB"),
                 text=("pool", "GPU", "layers"))
-    rec = cfg.recompute_layers_per_stage
+    from planner.cost.schedule import get_schedule
+
+    rec, sched = cfg.recompute_layers_per_stage, get_schedule(cfg.schedule)
     for s, q, lim in zip(e.stages, pe.rank_pools, pe.memory_limits_bytes):
         pool = pooled.pools[q]
-        from planner.cost.schedule import get_schedule
-        chunks = get_schedule(cfg.schedule).stages_of(cfg.pp, cfg.vpp, s.rank)
+        chunks = sched.stages_of(cfg.pp, cfg.vpp, s.rank)
         k = sum(rec[j] for j in chunks) if rec is not None else 0
         t.add_row(str(s.rank), pool.name, pool.cluster.gpu.name, "+".join(map(str, s.layers)), str(k),
                   f"{1e3 * s.time_per_microbatch_s:.1f}", f"{s.peak_memory_bytes / 2**30:.1f}", f"{lim / 2**30:.1f}")

@@ -53,9 +53,16 @@ def pooled_problems(pooled: PooledCluster, cfg: RunConfig) -> list[tuple[str, st
         if pool.num_gpus % per:
             out.append(("tp", f"pool {pool.name} ({pool.num_gpus} GPUs) does not hold whole stages of tp*cp*dp = "
                               f"{per} GPUs; use a stage size that divides every pool"))
+    return out + _runtime_problems(cfg)
+
+
+def _runtime_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """What neither a pipeline over pools nor replicas in every pool model: a schedule placing a stage and its
+    mirror on one rank, activation offloading."""
+    out = []
     if get_schedule(cfg.schedule).placement is not None:
-        out.append(("schedule", f"{cfg.schedule} places a stage and its mirror on one rank, which two pools "
-                                f"cannot share; use 1f1b or interleaved-1f1b"))
+        out.append(("schedule", f"{cfg.schedule} places a stage and its mirror on one rank, which is not modelled "
+                                f"over pools; use 1f1b or interleaved-1f1b"))
     if cfg.offload_layers or cfg.offload_modules:
         out.append(("offload_layers", "activation offloading over pools is not modelled; drop it"))
     return out
@@ -179,11 +186,7 @@ def replicas_problems(pooled: PooledCluster, cfg: RunConfig) -> list[tuple[str, 
     per = cfg.tp * cfg.cp * cfg.pp
     out = [("pp", f"pool {p.name} ({p.num_gpus} GPUs) does not hold whole replicas of tp*cp*pp = {per} GPUs")
            for p in pooled.pools if p.num_gpus % per]
-    if get_schedule(cfg.schedule).placement is not None:
-        out.append(("schedule", f"{cfg.schedule} is not modelled over pools; use 1f1b or interleaved-1f1b"))
-    if cfg.offload_layers or cfg.offload_modules:
-        out.append(("offload_layers", "activation offloading over pools is not modelled; drop it"))
-    return out
+    return out + _runtime_problems(cfg)
 
 
 @dataclass(frozen=True)

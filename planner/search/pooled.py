@@ -59,28 +59,30 @@ def balance_bound_s(rates: _Rates, layers: int) -> float:
     per-layer time s_r above their fixed time c_r, up to the water level T where sum_r (T - c_r)^+ / s_r = L."""
     c = rates.f0 + rates.b0 + rates.w0
     s = np.min([k.fn + k.bn + k.wn for k in rates.kinds], axis=0)
-    if np.any(s <= 0):
-        return float(np.max(c))
-    lo, hi = float(np.max(c)) * 0 + float(np.min(c)), float(np.max(c) + layers * np.max(s))
+    if np.any(s <= 0):  # a rank whose time does not grow with its layers takes them all: only c_r of the others
+        return float(np.max(c[s > 0])) if np.any(s > 0) else 0.0
+    lo, hi = float(np.min(c)), float(np.max(c) + layers * np.max(s))
     for _ in range(_BISECTION_STEPS):
         mid = (lo + hi) / 2
         if np.sum(np.maximum(mid - c, 0.0) / s) >= layers:
             hi = mid
         else:
             lo = mid
-    return max(lo, float(np.min(c)))
+    return lo
 
 
-def partition_pooled(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig) -> tuple[RunConfig, PooledEstimate]:
+def partition_pooled(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig) -> "PooledPlan":
     """The layer split (and per-stage recomputation) of least estimated step time that fits every rank's memory,
-    from the even split and the partition DP with and without per-stage recomputation; raises where none fits."""
+    from the even split and the partition DP with and without per-stage recomputation, with the even split's own
+    time; raises where none fits."""
     start = cfg if cfg.layers_per_stage is not None else \
         cfg.with_(layers_per_stage=even_layer_split(model.num_layers, cfg.num_stages))
     best: tuple[RunConfig, PooledEstimate] | None = None
+    even_s = None
     try:
         est = pooled_estimate(model, pooled, start)
         if est.estimate.fits:
-            best = (start, est)
+            best, even_s = (start, est), est.estimate.step_time_s
     except PlannerError:
         pass
     limits = np.array([pooled.pools[q].cluster.gpu.usable_memory_bytes for q in rank_pools(pooled, cfg)])
@@ -93,7 +95,7 @@ def partition_pooled(model: ModelSpec, pooled: PooledCluster, cfg: RunConfig) ->
             best = (cand, est)
     if best is None:
         raise PlannerError(f"no layer split of {cfg.pp} stages fits the pools' memory", source="--cluster")
-    return best
+    return PooledPlan(best[0], best[1], even_s)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,15 @@ class PooledSearch:
     ranked: tuple[PooledPlan, ...]
     candidates: int
     evaluated: int
+
+
+def _layout(pooled: PooledCluster, model: ModelSpec, tp: int, pp: int, schedule: str, vpp: int, global_batch: int,
+            mb: int, seq_len: int, precision: str, recompute: str = "selective") -> RunConfig:
+    """A configuration of the pools' spaces: SP with TP, ZeRO-1, the layers split evenly over the model chunks."""
+    return RunConfig(num_gpus=pooled.num_gpus, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
+                     global_batch_size=global_batch, micro_batch_size=mb, seq_len=seq_len, sequence_parallel=tp > 1,
+                     zero_stage=1, recompute=recompute, precision=precision,
+                     layers_per_stage=even_layer_split(model.num_layers, pp * vpp) if pp > 1 else None)
 
 
 def pooled_candidates(model: ModelSpec, pooled: PooledCluster, global_batch: int, seq_len: int,
@@ -130,11 +141,7 @@ def pooled_candidates(model: ModelSpec, pooled: PooledCluster, global_batch: int
                 for schedule, vpp in POOLED_SCHEDULES:
                     if vpp > 1 and (pp * vpp > L or (global_batch // (dp * mb)) % pp):
                         continue
-                    cfg = RunConfig(num_gpus=n, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
-                                    global_batch_size=global_batch, micro_batch_size=mb, seq_len=seq_len,
-                                    sequence_parallel=tp > 1, zero_stage=1, recompute="selective",
-                                    precision=precision,
-                                    layers_per_stage=even_layer_split(L, pp * vpp))
+                    cfg = _layout(pooled, model, tp, pp, schedule, vpp, global_batch, mb, seq_len, precision)
                     if pooled_problems(pooled, cfg) or any(config_problems(model, p.cluster, cfg)
                                                            for p in pooled.pools):
                         continue
@@ -164,11 +171,9 @@ def search_pooled(model: ModelSpec, pooled: PooledCluster, global_batch: int, se
         cfg = cands[i]
         evaluated += 1
         try:
-            best_cfg, est = partition_pooled(model, pooled, cfg)
+            found.append(partition_pooled(model, pooled, cfg))
         except PlannerError:
             continue
-        even = pooled_estimate(model, pooled, cfg).estimate
-        found.append(PooledPlan(best_cfg, est, even.step_time_s if even.fits else None))
     if not found:
         raise PlannerError(f"no layout fits the memory of the pools of {pooled.name}", source="--cluster",
                            fix="add GPUs, shorten --seq-len or lower --global-batch")
@@ -243,11 +248,8 @@ def replica_candidates(model: ModelSpec, pooled: PooledCluster, global_batch: in
                     if pp * vpp > L:
                         continue
                     for recompute in ("selective", "full"):
-                        cfg = RunConfig(num_gpus=pooled.num_gpus, tp=tp, pp=pp, vpp=vpp, schedule=schedule,
-                                        global_batch_size=global_batch, micro_batch_size=mb, seq_len=seq_len,
-                                        sequence_parallel=tp > 1, zero_stage=1, recompute=recompute,
-                                        precision=precision,
-                                        layers_per_stage=even_layer_split(L, pp * vpp) if pp > 1 else None)
+                        cfg = _layout(pooled, model, tp, pp, schedule, vpp, global_batch, mb, seq_len, precision,
+                                      recompute)
                         probe = cfg.with_(num_gpus=tp * pp * n_dp, global_batch_size=n_dp * mb)
                         if replicas_problems(pooled, cfg) or any(config_problems(model, p.cluster, probe)
                                                                  for p in pooled.pools):
