@@ -11,7 +11,9 @@ from planner.cli.render import add_columns
 
 SEQ_LEN_DIST = typer.Option(None, "--seq-len-dist",
                             help="Sample-length distribution: a histogram file (JSON {\"lengths\": [...], \"counts\": "
-                                 "[...]} or CSV length,count) or lognormal:mean=TOKENS,sigma=S,max=TOKENS; --seq-len "
+                                 "[...]} or {\"buckets\": [[min, max, count], ...]}, or CSV length,count), a shipped "
+                                 "data set's (planner list distributions, e.g. wikipedia-en) or "
+                                 "lognormal:mean=TOKENS,sigma=S,max=TOKENS; --seq-len "
                                  "is then the context the samples are packed into (or cut at)")
 PACKING = typer.Option(True, "--packing/--no-packing",
                        help="With --seq-len-dist: pack samples into --seq-len sequences with per-document attention "

@@ -1,4 +1,4 @@
-"""``planner list models|clusters|schedules|stacks|launchers``: what ships with the planner."""
+"""``planner list models|clusters|schedules|stacks|launchers|distributions``: what ships with the planner."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from planner.export import megatron, torchtitan
 from planner.specs.hardware import GB, GIB, TFLOPS, load_cluster, shipped_clusters
 from planner.specs.model import load_model, shipped_models
 
-KINDS = ("models", "clusters", "schedules", "stacks", "launchers")
+KINDS = ("models", "clusters", "schedules", "stacks", "launchers", "distributions")
 BILLION = 1e9
 
 
@@ -106,25 +106,41 @@ def launcher_rows() -> list[dict[str, Any]]:
 def stack_rows() -> list[dict[str, Any]]:
     from planner.specs.stack import DEFAULT_STACK, load_stack, shipped_stacks
 
+    def row(name: str, s) -> dict[str, Any]:
+        opts = [k for k in ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+                if getattr(s, k)] + [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"]
+        return {"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
+                "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
+                "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
+                "moe_overlap": "yes" if True in s.ep_comm_overlap_choices else "no", "description": s.description}
+
+    return _loaded_rows(shipped_stacks(), load_stack, row)
+
+
+def _loaded_rows(names, load, row) -> list[dict[str, Any]]:
+    """One row per shipped file: ``row(name, load(name))``, or the name and the reason it does not load."""
     out = []
-    for name in shipped_stacks():
+    for name in names:
         try:
-            s = load_stack(name)
+            loaded = load(name)
         except PlannerError as e:
             out.append({"name": name, "error": e.reason})
             continue
-        opts = [k for k in ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
-                if getattr(s, k)] + [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"]
-        out.append({"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
-                    "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
-                    "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
-                    "moe_overlap": "yes" if True in s.ep_comm_overlap_choices else "no",
-                    "description": s.description})
+        out.append(row(name, loaded))
     return out
 
 
+def distribution_rows() -> list[dict[str, Any]]:
+    """The shipped sample-length histograms of public data sets (``--seq-len-dist NAME``)."""
+    from planner.specs.lengths import load_seq_len_dist, shipped_distributions
+
+    return _loaded_rows(shipped_distributions(), load_seq_len_dist, lambda name, d: {
+        "name": name, "mean_tokens": d.mean_len, "max_tokens": d.max_len,
+        "doc_len_tokens": d.packed_doc_len(d.max_len), "source": d.source})
+
+
 ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_rows, "stacks": stack_rows,
-        "launchers": launcher_rows}
+        "launchers": launcher_rows, "distributions": distribution_rows}
 #: column key -> (header, format)
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "models": [("name", "name", "{}"), ("params_b", "params (B)", "{:.1f}"), ("layers", "layers", "{}"),
@@ -140,6 +156,9 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "stacks": [("name", "name", "{}"), ("launcher", "launcher", "{}"), ("options", "options", "{}"),
                ("schedules", "schedules", "{}"), ("zero_stages", "ZeRO", "{}"), ("cp_kinds", "CP", "{}"),
                ("moe_overlap", "MoE all-to-all overlap", "{}")],
+    "distributions": [("name", "name", "{}"), ("mean_tokens", "mean tokens", "{:,.0f}"),
+                      ("max_tokens", "max tokens", "{:,}"), ("doc_len_tokens", "token-weighted doc length", "{:,.0f}"),
+                      ("source", "source", "{}")],
     "launchers": [("name", "name", "{}"), ("release", "targets", "{}"), ("format", "writes", "{}"),
                   ("checked_by", "checked by", "{}"), ("schedules", "schedules", "{}")],
 }
@@ -148,10 +167,12 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
 @app.command("list")
 @handle_errors
 def list_(
-    what: str = typer.Argument(..., help="models | clusters | schedules | stacks | launchers", show_default=False),
+    what: str = typer.Argument(..., help="models | clusters | schedules | stacks | launchers | distributions",
+                               show_default=False),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table"),
 ) -> None:
-    """Show the shipped model specs, hardware profiles, pipeline schedules or training stacks."""
+    """Show the shipped model specs, hardware profiles, pipeline schedules, training stacks, launchers or
+    sample-length histograms of public data sets (for --seq-len-dist)."""
     choice(what, KINDS, "list")
     rows = ROWS[what]()
     if json_out:
@@ -161,7 +182,7 @@ def list_(
     cols = COLUMNS[what]
     add_columns(t, [header for _, header, _ in cols],
                 text=("name", "type", "GPU", "description", "launchers", "launcher", "options", "schedules", "ZeRO",
-                      "CP", "experts", "virtual stages", "MoE all-to-all overlap", "targets", "writes", "checked by"))
+                      "CP", "experts", "virtual stages", "MoE all-to-all overlap", "targets", "writes", "checked by", "source"))
     for row in rows:
         if "error" in row:
             t.add_row(row["name"], f"[red]{row['error']}[/]", *([""] * (len(cols) - 2)))

@@ -2,8 +2,10 @@
 
 A distribution is a histogram of sample lengths in tokens: ``lengths`` (each bin's length) and ``weights`` (the share
 of samples in it, summing to 1). It comes from a file (``--seq-len-dist FILE``: a JSON object ``{"lengths": [...],
-"counts": [...], "source": "..."}`` or a CSV of ``length,count`` rows, e.g. from a tokenized data set) or from a
-named distribution (``lognormal:mean=TOKENS,sigma=S,max=TOKENS``). The cost model reads only its moments
+"counts": [...], "source": "..."}``, a JSON object of length ranges ``{"buckets": [[min, max, count], ...]}`` as
+published tables give them, or a CSV of ``length,count`` rows, e.g. from a tokenized data set), from a shipped
+histogram of a public data set by name (``length_distributions/*.json``, e.g. ``wikipedia-en``), or from a named
+distribution (``lognormal:mean=TOKENS,sigma=S,max=TOKENS``). The cost model reads only its moments
 (``planner.cost.variable_length``).
 """
 
@@ -23,8 +25,11 @@ from planner.specs.model import read_json_file
 #: bins a named distribution is discretized into (log-spaced from 1 token to its max)
 NAMED_BINS = 96
 OPTION = "--seq-len-dist"
-FIX = "give a histogram file (JSON {\"lengths\": [...], \"counts\": [...]} or CSV length,count) or " \
+FIX = "give a histogram file (JSON {\"lengths\": [...], \"counts\": [...]} or {\"buckets\": [[min, max, count], " \
+      "...]}, or CSV length,count), a shipped data set (planner list distributions) or " \
       "lognormal:mean=4096,sigma=1.2,max=131072"
+#: log-spaced sub-bins one published length range is spread over (:func:`from_buckets`)
+BUCKET_SUBBINS = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,6 +120,44 @@ def from_histogram(lengths, counts, name: str = "", source: str = "", where: str
     return _merged(L[keep].astype(np.int64), c[keep], name, source)
 
 
+def from_buckets(buckets, name: str = "", source: str = "", where: str = OPTION,
+                 subbins: int = BUCKET_SUBBINS) -> SeqLenDist:
+    """A distribution from published length ranges ``[[min, max, count], ...]`` (tokens, min < max, ranges apart):
+    each range's samples spread evenly in log length over ``subbins`` log-spaced sub-bins of [min, max), each at
+    its geometric midpoint. Log-uniform inside a range is an assumption (a range of a doubling length holds a
+    falling density in a long tail; within one octave the difference to E[L^2] is a few percent); it keeps each
+    range's sample count exactly. PlannerError names ``where``."""
+    rows = buckets if isinstance(buckets, list) else None
+    if not rows or not all(isinstance(r, (list, tuple)) and len(r) == 3 for r in rows):
+        raise PlannerError("buckets must be a non-empty list of [min, max, count]", source=where, fix=FIX)
+    try:
+        lo, hi, c = (np.asarray(col, dtype=float) for col in zip(*rows))
+    except (TypeError, ValueError):
+        raise PlannerError("bucket entries must be numbers", source=where, fix=FIX) from None
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or (lo < 1).any() or (hi <= lo).any():
+        raise PlannerError("every bucket needs 1 <= min < max (tokens)", source=where, fix=FIX)
+    order = np.argsort(lo)
+    if (lo[order][1:] < hi[order][:-1]).any():
+        raise PlannerError("buckets overlap", source=where, fix="give length ranges that do not overlap")
+    lengths, counts = [], []
+    for a, b, n in zip(lo, hi, c):
+        edges = np.geomspace(a, b, subbins + 1)
+        lengths.append(np.maximum(1, np.round(np.sqrt(edges[:-1] * edges[1:]))))
+        counts.append(np.full(subbins, n / subbins))
+    return from_histogram(np.concatenate(lengths), np.concatenate(counts), name=name, source=source, where=where)
+
+
+def length_distributions_dir() -> Path:
+    """The shipped histograms of public data sets (``length_distributions/*.json``)."""
+    from planner.specs.model import _data_dir
+
+    return _data_dir("length_distributions")
+
+
+def shipped_distributions() -> list[str]:
+    return sorted(p.stem for p in length_distributions_dir().glob("*.json"))
+
+
 def from_description(d: dict, where: str = "data.seq_len_dist") -> SeqLenDist:
     """The distribution a plan JSON stored (:meth:`SeqLenDist.describe`)."""
     if not isinstance(d, dict) or "lengths" not in d or "weights" not in d:
@@ -169,6 +212,8 @@ def load_seq_len_dist(spec: str) -> SeqLenDist:
     if spec.startswith("lognormal:") or (":" in spec and not Path(spec).exists() and "/" not in spec):
         return parse_named(spec)
     path = Path(spec)
+    if not path.exists() and "/" not in spec and spec in shipped_distributions():
+        path = length_distributions_dir() / f"{spec}.json"
     if path.suffix.lower() == ".csv":
         try:
             text = path.read_text(encoding="utf-8")
@@ -183,8 +228,12 @@ def load_seq_len_dist(spec: str) -> SeqLenDist:
             raise PlannerError("every row needs length,count", source=spec, fix=FIX)
         return from_histogram([r[0] for r in rows], [r[1] for r in rows], name=path.stem, where=spec)
     data = read_json_file(path, "sequence-length histogram")
+    if isinstance(data, dict) and "buckets" in data:
+        return from_buckets(data["buckets"], name=str(data.get("name", path.stem)), source=str(data.get("source", "")),
+                            where=f"{spec}: buckets")
     if not isinstance(data, dict) or "lengths" not in data or "counts" not in data:
-        raise PlannerError("need a JSON object with 'lengths' and 'counts' lists", source=spec, fix=FIX)
+        raise PlannerError("need a JSON object with 'lengths' and 'counts' lists (or 'buckets')", source=spec,
+                           fix=FIX)
     return from_histogram(data["lengths"], data["counts"], name=str(data.get("name", path.stem)),
                           source=str(data.get("source", "")), where=spec)
 
