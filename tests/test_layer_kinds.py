@@ -84,8 +84,10 @@ def assert_search_is_exact(model, gpus: int, global_batch: int, seq_len: int, sp
 
 def test_partition_balances_global_layers_and_beats_the_even_split():
     """Gemma-3-27B at 128K on 256 H100 as TP 8, PP 8 (1F1B, ZeRO-1): the partition DP, costing each layer as the
-    kind it is, gives the stages holding more global layers fewer layers; 4.5% faster than the even split by layer
-    count and 4% faster than the split that saw only the averaged layer cost (numbers of this model, 2026-12-03)."""
+    kind it is, gives the stages holding more global layers fewer layers; 4.4% faster than the even split by layer
+    count and 1.8% faster than the split that saw only the averaged layer cost (numbers of this model, 2026-12-05:
+    since the attention kernel is timed by its tiles, a 1,024-token window layer pays its masked and per-row tiles,
+    so local and global layers differ less than their attended FLOPs say; 4.5% and 4% before)."""
     space = SearchSpace(pp_values=(8,), tp_values=(8,), schedules=("1f1b",), zero_stages=(1,))
     even = search_plans(G27, H100, 256, 64, 131072, top_k=0, space=space, refine_partition=False)
     part = search_plans(G27, H100, 256, 64, 131072, top_k=0, space=space)
@@ -94,7 +96,7 @@ def test_partition_balances_global_layers_and_beats_the_even_split():
     assert part.estimate.step_time_s < 0.97 * even.estimate.step_time_s
     averaged = search_plans(G27.with_(attention_pattern=""), H100, 256, 64, 131072, top_k=0, space=space)
     blind = estimate(G27, H100, averaged.config)  # the averaged model's split, costed by position
-    assert part.estimate.step_time_s < 0.98 * blind.step_time_s
+    assert part.estimate.step_time_s < 0.99 * blind.step_time_s
     starts = np.cumsum((0,) + split)[:-1]
     g = [G27.attention_pattern[a:a + n].count("G") for a, n in zip(starts, split)]
     dense_g = [x / n for x, n in zip(g, split)]
@@ -172,13 +174,14 @@ def test_the_encoder_runs_on_the_first_stage_with_whole_attention_squares():
 def test_partition_gives_the_encoder_stage_fewer_layers():
     """LLaVA-1.5-13B with five images per sample (AnyRes-style tiling) on 32 H100 as TP 4, PP 8, 1F1B: the encoder
     weighs about two decoder layers on stage 0; the partition DP moves layers off it. Even split by layer count
-    3.86 s, balanced 3.45 s (1.12x; numbers of this model, 2026-12-03)."""
+    3.89 s, balanced 3.46 s (1.13x; numbers of this model, 2026-12-05). Splits with the same slowest stage tie
+    under 1F1B, so only stage 0's share is pinned: fewer layers than the even five."""
     m = model_from_config(LLAVA_13B).with_(vision_images=5)
     space = SearchSpace(pp_values=(8,), tp_values=(4,), schedules=("1f1b",), zero_stages=(1,))
     even = search_plans(m, H100, 32, 128, 4096, top_k=0, space=space, refine_partition=False)
     part = search_plans(m, H100, 32, 128, 4096, top_k=0, space=space)
     split = part.config.layers_per_stage
-    assert split is not None and split[0] == min(split) and sum(split) == 40
+    assert split is not None and split[0] < 40 / 8 and sum(split) == 40
     assert part.estimate.step_time_s < 0.92 * even.estimate.step_time_s
 
 

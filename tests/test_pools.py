@@ -100,8 +100,9 @@ def test_a_faster_pool_gets_more_layers_and_the_pipeline_matches_the_simulator()
         sim = simulate_schedule(plan.config.schedule, f, b, w, plan.config.num_microbatches, plan.config.vpp)
         if plan.config.schedule == "1f1b":
             assert pe.pipeline_s == pytest.approx(sim.total_s, rel=1e-9)
-        else:  # interleaved: the closed form at or above the played schedule, within 5%
-            assert sim.total_s * (1 - 1e-9) <= pe.pipeline_s <= 1.05 * sim.total_s
+        else:  # interleaved: Narayanan's bubble (exact for equal stages) within 5% of the played schedule; with a
+            # pool's ranks unequal it can fall just below it (0.05% here, 2026-12-05)
+            assert 0.999 * sim.total_s <= pe.pipeline_s <= 1.05 * sim.total_s
     best = res.ranked[0].estimate
     times = [s.time_per_microbatch_s for s in best.estimate.stages]
     assert max(times) / min(times) < 1.1  # the split balances the pools' ranks

@@ -57,6 +57,23 @@ class Op:
     #: GEMMs of a grouped GEMM the host issues one call each for (a layer's local experts), per forward; its
     #: backward issues two per forward GEMM (input and weight gradient). 0: one kernel, never host-bound
     expert_calls: float | np.ndarray = 0.0
+    #: the fused attention kernel's shape (kind "attention"), which sets its speed (:func:`attention_time_s`)
+    shape: "AttentionShape | None" = None
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What a fused attention kernel's speed depends on (:func:`attention_work_factor`): the query/key head
+    dimension, the keys a sequence (or packed document) spans, causal masking, a sliding window (tokens; 0: none)
+    on a share of the op's layers, and the ring steps of context parallelism (each a kernel call per query tile
+    row; 1 without ring CP). Numbers or arrays over a batch of configurations."""
+
+    head_dim: float
+    keys: float | np.ndarray
+    causal: bool = True
+    window: float = 0.0
+    window_share: float = 0.0
+    ring_steps: float | np.ndarray = 1.0
 
 
 def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
@@ -132,8 +149,13 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
     # a fused kernel attends within each packed document (:func:`attended_keys`); the unfused path masks the square
     keys = attended_keys(cfg)
     flash_flops = core_flops * (keys / s_kv) * attended_fraction(model, keys, window)
+    windowed = model.sliding_window_layers / model.num_layers if window is None else float(bool(window))
+    shape = AttentionShape(head_dim=model.attn_k_dim / model.attn_kv_heads, keys=keys, causal=model.causal,
+                           window=float(model.sliding_window) if model.sliding_window_layers else 0.0,
+                           window_share=windowed if model.sliding_window_layers else 0.0,
+                           ring_steps=np.where(np.asarray(cfg.cp_kind) == "ring", cfg.cp, 1))
     ops.append(Op("attention_core", "attention", flops=np.where(flash, flash_flops, 0.0),
-                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0))
+                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
     # head size d ~ 100 they are thin, so the roofline's memory side matters
     heads = cfg.micro_batch_size * model.num_heads / t
@@ -383,6 +405,62 @@ def head_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     ]
 
 
+#: Megatron-Core's ring attention (Transformer Engine ``AttnFuncWithCPAndKVP2P``, load-balanced split, see
+#: planner.cost.context_parallel): query-tile rows per step, in units of a rank's query tiles, averaged over the
+#: steps after the first: half of them run all the rank's queries against half a K/V block, half run half its
+#: queries against a whole block
+RING_ROWS_PER_LATER_STEP = 0.75
+
+
+def attention_work_factor(shape: AttentionShape, tile_tokens: float, row_overhead_tiles, masked_tile_extra):
+    """Tile-equivalents a FlashAttention-style kernel spends per tile of attended (useful) scores, >= 1 (Dao 2023,
+    Sec. 3.1 tiling; the costs fitted per kernel in :class:`planner.specs.hardware.AttentionKernel`). With
+    n = keys / tile key tiles per sequence, a query-tile row costs ``row_overhead_tiles`` (c) and a masked tile
+    ``masked_tile_extra`` (d) on top of its one:
+
+    * causal: n^2 / 2 useful tiles, n diagonal tiles half used (1/2 + d each), n rows: 1 + (1 + 2d + 2c) / n;
+      with ring CP of p steps, a rank's n / p query tiles run one diagonal step and p - 1 steps of 3/4 of its
+      rows (:data:`RING_ROWS_PER_LATER_STEP`): 1 + (1 + 2d + 2c (1/4 + 3p/4)) / n (the kernel calls are p times
+      shorter);
+    * sliding window of w < keys tokens: a query tile walks k = ceil((w - 1) / tile) + 1 key tiles, two of them
+      masked, for w' / tile useful ones (w' the mean keys a query attends, :func:`attended_fraction`):
+      (k + 2d + c) / (w' / tile); its layers weigh by their useful work;
+    * bidirectional (an encoder): n^2 useful tiles in n rows: 1 + c / n."""
+    B, c, d = tile_tokens, row_overhead_tiles, masked_tile_extra
+    keys = np.asarray(shape.keys, dtype=float)
+    n = np.maximum(keys / B, 1.0)
+    if not shape.causal:
+        return 1.0 + c * np.asarray(shape.ring_steps, dtype=float) / n
+    p = np.asarray(shape.ring_steps, dtype=float)
+    rows = 1.0 + RING_ROWS_PER_LATER_STEP * (np.maximum(p, 1.0) - 1.0)  # row calls per query tile
+    global_factor = 1.0 + (1.0 + 2.0 * d + 2.0 * c * rows) / n
+    if not (shape.window and shape.window_share):
+        return global_factor
+    w = float(shape.window)
+    tiles = np.minimum(np.ceil((w - 1.0) / B) + 1.0, n)
+    attended = np.where(keys > w, w - w * (w - 1.0) / (2.0 * keys), 0.5 * keys)
+    window_factor = np.where(keys > w, (tiles + 2.0 * d + c) / np.maximum(attended / B, 1e-9), global_factor)
+    # weights: each kind of layer's useful work (half the square for global layers, w' per query for windowed)
+    share = float(shape.window_share)
+    useful_global, useful_window = (1.0 - share) * 0.5 * keys, share * np.minimum(attended, 0.5 * keys)
+    return (useful_global * global_factor + useful_window * window_factor) / (useful_global + useful_window)
+
+
+def attention_time_s(op: Op, gpu: GPU, backward: bool = False):
+    """Time of the fused attention core ``op`` forward (or backward: ``op.bwd_ratio`` times its FLOPs): with a
+    kernel table in the profile (:class:`planner.specs.hardware.AttentionKernel`), its useful FLOPs at the
+    plateau rate of the op's head dimension times the tiles the kernel really spends on them
+    (:func:`attention_work_factor`); without one, at the profile's single ``attention_efficiency``."""
+    flops = op.flops * (op.bwd_ratio if backward else 1.0)
+    kernel = gpu.attention_kernel
+    if kernel is None or op.shape is None:
+        return flops / (gpu.peak_flops * gpu.attention_efficiency)
+    head_dim = op.shape.head_dim
+    work = attention_work_factor(op.shape, kernel.tile_tokens, kernel.row_overhead_tiles(head_dim, backward),
+                                 kernel.masked_tile_extra)
+    return flops * work / kernel.plateau_flops(head_dim, backward)
+
+
 def op_time_s(op: Op, gpu: GPU):
     """Forward time of one operator: FLOPs / (peak x efficiency) for compute, bytes / (HBM BW x efficiency)."""
     if op.kind == "gemm":
@@ -396,7 +474,7 @@ def op_time_s(op: Op, gpu: GPU):
         compute = op.flops / (gpu.peak_flops * speedup * efficiency)
         return np.maximum(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
     if op.kind == "attention":
-        return op.flops / (gpu.peak_flops * gpu.attention_efficiency)
+        return attention_time_s(op, gpu)
     if op.kind == "scan":
         # a fused kernel of many small matmuls over a long stream (the Mamba-2 SSD): the slower of its FLOPs at the
         # matmul efficiency of its whole work and its bytes at the memory-bound kernels' efficiency
@@ -437,7 +515,7 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
     fwd = bwd_in = bwd_w = sel = 0.0
     for op in ops:
         tf = op_time_s(op, gpu)
-        tb = tf * op.bwd_ratio
+        tb = attention_time_s(op, gpu, backward=True) if op.kind == "attention" else tf * op.bwd_ratio
         if np.any(op.expert_calls) and gpu.expert_gemm_call_s:
             # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
             issue = op.expert_calls * gpu.expert_call_s(op.precision)
@@ -453,8 +531,10 @@ def attention_core_s(ops: list[Op], gpu: GPU, cfg: Config):
     """(forward time, backward / forward ratio) of the attention core among ``ops``: the fused kernel's, or the
     unfused score and value GEMMs' (the ring of context parallelism overlaps its transfers with this time)."""
     fwd = sum(op_time_s(o, gpu) for o in ops if o.name in ATTENTION_CORE_OPS)
+    bwd = sum(attention_time_s(o, gpu, backward=True) if o.kind == "attention" else op_time_s(o, gpu) * o.bwd_ratio
+              for o in ops if o.name in ATTENTION_CORE_OPS)
     ratio = np.where(cfg.flash_attention, FLASH_ATTN_BWD_RATIO, GEMM_BWD_RATIO)
-    return fwd, ratio
+    return fwd, np.where(np.asarray(fwd) > 0, bwd / np.where(np.asarray(fwd) > 0, fwd, 1.0), ratio)
 
 
 def linear_gemm_fwd_s(ops: list[Op], gpu: GPU):

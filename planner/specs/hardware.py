@@ -54,6 +54,41 @@ class EfficiencyCurve:
 
 
 @dataclass(frozen=True)
+class AttentionKernel:
+    """A fused attention kernel's speed as a function of its shape (FlashAttention's tiling: Dao 2023, Sec. 3.1;
+    Shah et al. 2024, Sec. 3): queries in tiles of ``tile_tokens`` rows, each query tile walks the key tiles it
+    attends; a tile of keys costs one unit at the head dimension's plateau rate, a query-tile row pays a fixed
+    ``row_overhead_tiles`` (loading Q, the softmax epilogue, writing O and its log-sum-exp), and a tile cut by a
+    mask (the causal diagonal, a sliding window's edge) ``masked_tile_extra`` more. Per direction (forward,
+    backward) and head dimension (``head_dims``, interpolated in log2 between them, flat outside), fitted on the
+    kernel's published speed (``planner/validation/attention_kernels.json``, ``planner.validation.attention_fit``);
+    the profile lists the rows. ``end_to_end_ratio`` carries a kernel benchmark into a training step (the same
+    ratio of fitted to raw plateau as the GPU's GEMM curve)."""
+
+    name: str
+    tile_tokens: float
+    head_dims: tuple[float, ...]
+    fwd_plateau_flops: tuple[float, ...]
+    fwd_row_overhead_tiles: tuple[float, ...]
+    bwd_plateau_flops: tuple[float, ...]
+    bwd_row_overhead_tiles: tuple[float, ...]
+    masked_tile_extra: float
+    end_to_end_ratio: float
+
+    def _at(self, values: tuple[float, ...], head_dim):
+        return np.interp(np.log2(np.asarray(head_dim, dtype=float)), np.log2(np.asarray(self.head_dims)),
+                         np.asarray(values, dtype=float))
+
+    def plateau_flops(self, head_dim, backward: bool = False):
+        """FLOP/s the kernel reaches on long, unmasked rows at ``head_dim`` (times the end-to-end ratio)."""
+        return self._at(self.bwd_plateau_flops if backward else self.fwd_plateau_flops, head_dim) * \
+            self.end_to_end_ratio
+
+    def row_overhead_tiles(self, head_dim, backward: bool = False):
+        return self._at(self.bwd_row_overhead_tiles if backward else self.fwd_row_overhead_tiles, head_dim)
+
+
+@dataclass(frozen=True)
 class GPU:
     name: str
     peak_flops: float  # dense bf16 FLOP/s
@@ -77,6 +112,9 @@ class GPU:
     #: dispatcher's host sync): the GPU waits when the expert GEMMs are shorter. Fitted per profile and precision
     #: on public MoE runs (the profile lists them); 0 where not fitted (never launch-bound)
     expert_gemm_call_s: tuple[tuple[str, float], ...] = ()
+    #: the fused attention kernel's speed by shape (:class:`AttentionKernel`); None: ``attention_efficiency`` for
+    #: every shape (profiles without a kernel table)
+    attention_kernel: AttentionKernel | None = None
 
     def precisions(self) -> tuple[str, ...]:
         """The GEMM precisions this GPU runs: bf16 and those its profile gives a peak for."""
@@ -264,6 +302,46 @@ def _curve(d: Any, source: str, section: str) -> EfficiencyCurve:
     return EfficiencyCurve(tuple(xs), tuple(ys))
 
 
+def _list(d: dict, key: str, source: str, section: str, n: int | None = None) -> tuple[float, ...]:
+    """A list of positive numbers (``n`` of them where given) at ``section.key``."""
+    values = d.get(key)
+    where = f"{section}.{key}"
+    if not isinstance(values, list) or not values or n is not None and len(values) != n:
+        raise PlannerError(f"must be a list of {n or 'one or more'} numbers", source=source, field=where,
+                           fix=_FORMAT_FIX)
+    return tuple(_num({key: v}, key, source, section) for v in values)
+
+
+def _attention_kernel(d: Any, source: str) -> AttentionKernel | None:
+    """``gpu.attention_kernel``: the fused attention kernel's fitted speed by shape (:class:`AttentionKernel`)."""
+    if d is None:
+        return None
+    section = "gpu.attention_kernel"
+    if not isinstance(d, dict):
+        raise PlannerError("must be an object", source=source, field=section, fix=_FORMAT_FIX)
+    dims = _list(d, "head_dims", source, section)
+    if any(b <= a for a, b in zip(dims, dims[1:])):
+        raise PlannerError("must increase", source=source, field=f"{section}.head_dims")
+    passes = {}
+    for name in ("forward", "backward"):
+        part = d.get(name)
+        if not isinstance(part, dict):
+            raise PlannerError("missing or not an object", source=source, field=f"{section}.{name}",
+                               fix=_FORMAT_FIX)
+        passes[name] = (tuple(v * TFLOPS for v in _list(part, "plateau_tflops", source, f"{section}.{name}",
+                                                        len(dims))),
+                        _list(part, "row_overhead_tiles", source, f"{section}.{name}", len(dims)))
+    return AttentionKernel(
+        name=str(d.get("kernel", "attention kernel")),
+        tile_tokens=_num(d, "tile_tokens", source, section),
+        head_dims=dims,
+        fwd_plateau_flops=passes["forward"][0], fwd_row_overhead_tiles=passes["forward"][1],
+        bwd_plateau_flops=passes["backward"][0], bwd_row_overhead_tiles=passes["backward"][1],
+        masked_tile_extra=_num(d, "masked_tile_extra", source, section, positive=False),
+        end_to_end_ratio=_num(d, "end_to_end_ratio", source, section, maximum=1.0),
+    )
+
+
 def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
     """``gpu.low_precision_gemm_efficiency``: {precision: {"value": ratio in (0, 1], ...provenance}}."""
     return _per_precision(d, source, "gpu.low_precision_gemm_efficiency", maximum=1.0)
@@ -308,6 +386,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source),
         expert_gemm_call_s=_per_precision(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us",
                                           maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS),
+        attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
     )
     node = data.get("node")
     if not isinstance(node, dict):

@@ -1,0 +1,227 @@
+"""Fit each profile's attention-kernel table (``gpu.attention_kernel``) on published kernel speeds, and check it.
+
+    python -m planner.validation.attention_fit            # print the fit and every row's error
+    python -m planner.validation.attention_fit --write    # and store the table, with its rows, in the profiles
+
+The kernel model is :func:`planner.cost.compute.attention_work_factor` (tiles of ``TILE_TOKENS`` query rows, a fixed
+cost per query-tile row, an extra cost per masked tile). Per direction and head dimension, the plateau rate and the
+row cost are fitted on the kernel's speed without a mask over 512 to 16K tokens (least squares of the relative
+error; the row cost on a grid, the plateau in closed form); the masked-tile cost, one number per kernel, on the
+forward speed with a causal mask. Rows marked "check" are never fitted. Each kernel with rows is fitted; a profile
+stores the table of the kernel its default stack runs (:data:`TARGETS`: Megatron-Core's Transformer Engine runs
+cuDNN's fused attention on Hopper). The H100 table is carried to the profiles of the same die (H200, H800); Blackwell has no published per-shape table this project could quote, so B200 and
+GB200 carry the Hopper shape (row and mask costs, the head dimensions' ratio) at the level of their own
+``attention_efficiency`` at the reference shape (:data:`REFERENCE`), which is what those profiles stated before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from planner.cost.compute import FLASH_ATTN_BWD_RATIO, AttentionShape, attention_work_factor
+from planner.specs.hardware import TFLOPS, AttentionKernel, hardware_profiles_dir, load_cluster
+from planner.validation.compare import relative_error
+
+RUNS_FILE = Path(__file__).with_name("attention_kernels.json")
+#: query rows per tile of the fitted kernels: FlashAttention-3's forward tile on Hopper for head dims 64-128
+#: (hopper/tile_size.h: kBlockM = 128) and FlashAttention-2's on Ampere (Dao 2023, Sec. 3.3)
+TILE_TOKENS = 128
+#: row costs tried (tiles), the grid's step is the fit's resolution
+ROW_GRID = np.round(np.arange(0.0, 8.0001, 0.01), 2)
+MASK_GRID = np.round(np.arange(0.0, 4.0001, 0.01), 2)
+#: the shape at which a carried table takes its level from the profile's ``attention_efficiency``: a causal,
+#: head-dim-128 layer of 4,096 tokens, forward + backward (the shape of most published runs the profiles' single
+#: efficiency described)
+REFERENCE = {"head_dim": 128, "keys": 4096}
+#: (profile, the kernel its table is fitted for, profiles of the same die that carry the table, profiles that carry
+#: its shape at their own level). The kernel is the one the default stack runs there: Transformer Engine's
+#: FusedAttention (cuDNN), its choice on Hopper unless FlashAttention-3 is installed beside it
+#: (transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend)
+TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm"), ("b200-180gb", "gb200-nvl72")),)
+
+
+def load_rows(path: Path = RUNS_FILE) -> list[dict]:
+    return json.loads(path.read_text())["runs"]
+
+
+@dataclass(frozen=True)
+class KernelFit:
+    profile: str
+    kernel: AttentionKernel  # end_to_end_ratio 1: the kernel as benchmarked
+    rows: tuple[str, ...]
+
+
+def _shape(row: dict, seq_len: float) -> AttentionShape:
+    return AttentionShape(head_dim=row["head_dim"], keys=seq_len, causal=row["causal"])
+
+
+def predicted_tflops(kernel: AttentionKernel, row: dict) -> np.ndarray:
+    """The kernel model's speed at each of ``row``'s sequence lengths, counted as the row counts it (attended
+    FLOPs per second)."""
+    backward = row["direction"] == "backward"
+    out = []
+    for s in row["seq_lens"]:
+        work = attention_work_factor(_shape(row, s), kernel.tile_tokens,
+                                     kernel.row_overhead_tiles(row["head_dim"], backward), kernel.masked_tile_extra)
+        out.append(float(kernel.plateau_flops(row["head_dim"], backward) / work) / TFLOPS)
+    return np.asarray(out)
+
+
+def _fit_plateau_and_row(row: dict) -> tuple[float, float]:
+    """(plateau TFLOP/s, row cost) minimizing the squared relative error of an unmasked row."""
+    n = np.maximum(np.asarray(row["seq_lens"], dtype=float) / TILE_TOKENS, 1.0)
+    y = np.asarray(row["tflops"], dtype=float)
+    best = None
+    for c in ROW_GRID:
+        g = 1.0 / (1.0 + c / n)  # speed / plateau without a mask (attention_work_factor, bidirectional rows)
+        plateau = float(np.sum(g / y) / np.sum(g * g / (y * y)))
+        err = float(np.sum((plateau * g / y - 1.0) ** 2))
+        if best is None or err < best[0]:
+            best = (err, plateau, float(c))
+    return best[1], best[2]
+
+
+def kernels(profile: str, rows: list[dict] | None = None) -> list[str]:
+    """The kernels with fitting rows on ``profile``, in file order."""
+    names = [r["kernel"] for r in (rows if rows is not None else load_rows())
+             if r["profile"] == profile and r["use"] == "fit"]
+    return list(dict.fromkeys(names))
+
+
+def fit(profile: str, kernel_name: str, rows: list[dict] | None = None) -> KernelFit:
+    rows = [r for r in (rows if rows is not None else load_rows())
+            if r["profile"] == profile and r["kernel"] == kernel_name and r["use"] == "fit"]
+    open_rows = [r for r in rows if not r["causal"]]
+    dims = sorted({r["head_dim"] for r in open_rows})
+    table = {}
+    for direction in ("forward", "backward"):
+        for hd in dims:
+            [row] = [r for r in open_rows if r["direction"] == direction and r["head_dim"] == hd]
+            table[direction, hd] = _fit_plateau_and_row(row)
+
+    def kernel(mask_extra: float) -> AttentionKernel:
+        return AttentionKernel(
+            name=open_rows[0]["kernel"], tile_tokens=TILE_TOKENS, head_dims=tuple(float(d) for d in dims),
+            fwd_plateau_flops=tuple(table["forward", d][0] * TFLOPS for d in dims),
+            fwd_row_overhead_tiles=tuple(table["forward", d][1] for d in dims),
+            bwd_plateau_flops=tuple(table["backward", d][0] * TFLOPS for d in dims),
+            bwd_row_overhead_tiles=tuple(table["backward", d][1] for d in dims),
+            masked_tile_extra=mask_extra, end_to_end_ratio=1.0)
+
+    causal = [r for r in rows if r["causal"]]
+
+    def masked_error(d: float) -> float:
+        return sum(float(np.sum((predicted_tflops(kernel(d), r) / np.asarray(r["tflops"]) - 1.0) ** 2))
+                   for r in causal)
+
+    d = float(min(MASK_GRID, key=masked_error)) if causal else 0.0
+    return KernelFit(profile, kernel(d), tuple(r["id"] for r in rows))
+
+
+def row_errors(kernel: AttentionKernel, row: dict) -> list[float]:
+    return [relative_error(e, m) for e, m in zip(predicted_tflops(kernel, row), row["tflops"])]
+
+
+def reference_efficiency(kernel: AttentionKernel, peak_flops: float) -> float:
+    """Useful-FLOP efficiency of forward + backward (1 : 2.5 FLOPs) at :data:`REFERENCE`, causal, no CP."""
+    shape = AttentionShape(head_dim=REFERENCE["head_dim"], keys=REFERENCE["keys"], causal=True)
+    times = []
+    for backward, flops in ((False, 1.0), (True, FLASH_ATTN_BWD_RATIO)):
+        work = attention_work_factor(shape, kernel.tile_tokens,
+                                     kernel.row_overhead_tiles(REFERENCE["head_dim"], backward),
+                                     kernel.masked_tile_extra)
+        times.append(flops * float(work) / float(kernel.plateau_flops(REFERENCE["head_dim"], backward)))
+    return (1.0 + FLASH_ATTN_BWD_RATIO) / sum(times) / peak_flops
+
+
+def _section(kernel: AttentionKernel, scale: float, ratio: float, provenance: dict) -> dict:
+    return {
+        "kernel": kernel.name,
+        "tile_tokens": kernel.tile_tokens,
+        "head_dims": list(kernel.head_dims),
+        "forward": {"plateau_tflops": [round(v * scale / TFLOPS, 1) for v in kernel.fwd_plateau_flops],
+                    "row_overhead_tiles": list(kernel.fwd_row_overhead_tiles)},
+        "backward": {"plateau_tflops": [round(v * scale / TFLOPS, 1) for v in kernel.bwd_plateau_flops],
+                     "row_overhead_tiles": list(kernel.bwd_row_overhead_tiles)},
+        "masked_tile_extra": kernel.masked_tile_extra,
+        "end_to_end_ratio": ratio,
+        **provenance,
+    }
+
+
+def _pct(errors) -> str:
+    a = np.abs(np.asarray(errors))
+    return f"mean {100 * a.mean():.1f}%, max {100 * a.max():.1f}%"
+
+
+def write(f: KernelFit, same_die: tuple[str, ...], shape_only: tuple[str, ...]) -> None:
+    rows = load_rows()
+    fitted = [e for r in rows if r["id"] in f.rows for e in row_errors(f.kernel, r)]
+    checks = [e for r in rows if r["profile"] == f.profile and r["kernel"] == f.kernel.name and r["use"] == "check"
+              for e in row_errors(f.kernel, r)]
+    base = load_cluster(f.profile).gpu
+    ratio = END_TO_END[f.profile]
+    method = ("planner/validation/attention_fit.py: per direction and head dimension, plateau and row cost "
+              "least-squares on the unmasked rows; the masked-tile cost on the causal rows")
+    for name in (f.profile,) + same_die + shape_only:
+        path = hardware_profiles_dir() / f"{name}.json"
+        data = json.loads(path.read_text())
+        gpu = data["gpu"]
+        if name in shape_only:
+            # the Hopper shape at this profile's own level: plateaus scaled so the reference shape's efficiency is
+            # the profile's attention_efficiency
+            target = float(gpu["attention_efficiency"])
+            scale = target / (reference_efficiency(f.kernel, base.peak_flops) * ratio) * \
+                (float(gpu["peak_bf16_tflops"]) / (base.peak_flops / TFLOPS))
+            provenance = {"level": f"shape (row and mask costs, head dims' ratio) carried from {f.profile}'s "
+                                   f"fitted table; plateaus scaled so a causal head-dim-128 layer of 4,096 "
+                                   f"tokens, forward + backward, runs at this profile's attention_efficiency "
+                                   f"({target}): no per-shape table published for this GPU was found",
+                          "carried_from": f.profile}
+        else:
+            scale = 1.0
+            provenance = {"fitted_on": list(f.rows), "method": method,
+                          "fit_error": _pct(fitted), "independent_check_error": _pct(checks) if checks else "none"}
+            if name != f.profile:
+                provenance = {"carried_from": f.profile, "note": "same GH100 die and clocks: not refitted"}
+        gpu["attention_kernel"] = _section(f.kernel, scale, ratio, provenance)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+#: the ratio of a training step's attention to the benchmarked kernel per fitted profile: the profile's GEMM curve
+#: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886)
+END_TO_END = {"h100-80gb-sxm": 0.886}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--write", action="store_true", help="store the fitted tables in the profiles")
+    args = ap.parse_args()
+    rows = load_rows()
+    for profile, stored, same_die, shape_only in TARGETS:
+        for name in kernels(profile, rows):
+            f = fit(profile, name, rows)
+            k = f.kernel
+            print(f"{profile}: {k.name}{' (stored in the profile)' if name == stored else ''}, tile "
+                  f"{k.tile_tokens:g}, masked-tile extra {k.masked_tile_extra:.2f}")
+            for i, hd in enumerate(k.head_dims):
+                print(f"  head dim {hd:g}: forward {k.fwd_plateau_flops[i] / TFLOPS:.1f} TFLOP/s, row "
+                      f"{k.fwd_row_overhead_tiles[i]:.2f} tiles; backward {k.bwd_plateau_flops[i] / TFLOPS:.1f}, row "
+                      f"{k.bwd_row_overhead_tiles[i]:.2f}")
+            for r in (r for r in rows if r["profile"] == profile and r["kernel"] == name):
+                errs = row_errors(k, r)
+                print(f"  {r['id']:28} {r['use']:5} " + " ".join(f"{100 * e:+5.1f}%" for e in errs) +
+                      f"   ({_pct(errs)})")
+            print(f"  reference efficiency (x end-to-end {END_TO_END[profile]}): "
+                  f"{reference_efficiency(k, load_cluster(profile).gpu.peak_flops) * END_TO_END[profile]:.3f}")
+            if args.write and name == stored:
+                write(f, same_die, shape_only)
+
+
+if __name__ == "__main__":
+    main()
