@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.specs.config import ConfigBatch, RunConfig, recompute_module_on
-from planner.specs.hardware import GPU
+from planner.specs.hardware import GPU, AttentionKernel
 from planner.specs.model import DENSE_LAYER, LayerKind, ModelSpec
 
 #: one configuration or a batch of them (every per-layer function broadcasts over both)
@@ -149,10 +149,11 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
     # a fused kernel attends within each packed document (:func:`attended_keys`); the unfused path masks the square
     keys = attended_keys(cfg)
     flash_flops = core_flops * (keys / s_kv) * attended_fraction(model, keys, window)
-    windowed = model.sliding_window_layers / model.num_layers if window is None else float(bool(window))
+    # the kernel's shape: its windowed share of the op's layers (this kind's, or the model's average)
+    windowed = (model.sliding_window_layers / model.num_layers if window is None else float(bool(window))) \
+        if model.sliding_window_layers else 0.0
     shape = AttentionShape(head_dim=model.attn_k_dim / model.attn_kv_heads, keys=keys, causal=model.causal,
-                           window=float(model.sliding_window) if model.sliding_window_layers else 0.0,
-                           window_share=windowed if model.sliding_window_layers else 0.0,
+                           window=float(model.sliding_window) if windowed else 0.0, window_share=windowed,
                            ring_steps=np.where(np.asarray(cfg.cp_kind) == "ring", cfg.cp, 1))
     ops.append(Op("attention_core", "attention", flops=np.where(flash, flash_flops, 0.0),
                   bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape))
@@ -446,19 +447,23 @@ def attention_work_factor(shape: AttentionShape, tile_tokens: float, row_overhea
     return (useful_global * global_factor + useful_window * window_factor) / (useful_global + useful_window)
 
 
+def attention_rate_flops(kernel: AttentionKernel, shape: AttentionShape, backward: bool = False):
+    """Attended FLOP/s of ``kernel`` at ``shape`` (forward, or backward): its plateau rate at the shape's head
+    dimension over the tiles it spends per attended tile (:func:`attention_work_factor`)."""
+    head_dim = shape.head_dim
+    work = attention_work_factor(shape, kernel.tile_tokens, kernel.row_overhead_tiles(head_dim, backward),
+                                 kernel.masked_tile_extra)
+    return kernel.plateau_flops(head_dim, backward) / work
+
+
 def attention_time_s(op: Op, gpu: GPU, backward: bool = False):
     """Time of the fused attention core ``op`` forward (or backward: ``op.bwd_ratio`` times its FLOPs): with a
-    kernel table in the profile (:class:`planner.specs.hardware.AttentionKernel`), its useful FLOPs at the
-    plateau rate of the op's head dimension times the tiles the kernel really spends on them
-    (:func:`attention_work_factor`); without one, at the profile's single ``attention_efficiency``."""
+    kernel table in the profile (:class:`planner.specs.hardware.AttentionKernel`), at the kernel's rate for the
+    op's shape (:func:`attention_rate_flops`); without one, at the profile's single ``attention_efficiency``."""
     flops = op.flops * (op.bwd_ratio if backward else 1.0)
-    kernel = gpu.attention_kernel
-    if kernel is None or op.shape is None:
+    if gpu.attention_kernel is None or op.shape is None:
         return flops / (gpu.peak_flops * gpu.attention_efficiency)
-    head_dim = op.shape.head_dim
-    work = attention_work_factor(op.shape, kernel.tile_tokens, kernel.row_overhead_tiles(head_dim, backward),
-                                 kernel.masked_tile_extra)
-    return flops * work / kernel.plateau_flops(head_dim, backward)
+    return flops / attention_rate_flops(gpu.attention_kernel, op.shape, backward)
 
 
 def op_time_s(op: Op, gpu: GPU):
@@ -498,6 +503,12 @@ class PassTimes:
         return self.bwd_input_s + self.bwd_weight_s
 
 
+def op_bwd_time_s(op: Op, gpu: GPU, fwd_s):
+    """Backward time of one operator whose forward takes ``fwd_s``: the attention kernel at its own backward rate
+    (:func:`attention_time_s`), any other op ``bwd_ratio`` times its forward."""
+    return attention_time_s(op, gpu, backward=True) if op.kind == "attention" else fwd_s * op.bwd_ratio
+
+
 def recomputed(op: Op, modules):
     """1 where selective recomputation under ``modules`` (a configuration's ``recompute_modules``, or an array of
     them) redoes ``op`` in backward, else 0."""
@@ -515,7 +526,7 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
     fwd = bwd_in = bwd_w = sel = 0.0
     for op in ops:
         tf = op_time_s(op, gpu)
-        tb = attention_time_s(op, gpu, backward=True) if op.kind == "attention" else tf * op.bwd_ratio
+        tb = op_bwd_time_s(op, gpu, tf)
         if np.any(op.expert_calls) and gpu.expert_gemm_call_s:
             # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
             issue = op.expert_calls * gpu.expert_call_s(op.precision)
@@ -530,9 +541,10 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
 def attention_core_s(ops: list[Op], gpu: GPU, cfg: Config):
     """(forward time, backward / forward ratio) of the attention core among ``ops``: the fused kernel's, or the
     unfused score and value GEMMs' (the ring of context parallelism overlaps its transfers with this time)."""
-    fwd = sum(op_time_s(o, gpu) for o in ops if o.name in ATTENTION_CORE_OPS)
-    bwd = sum(attention_time_s(o, gpu, backward=True) if o.kind == "attention" else op_time_s(o, gpu) * o.bwd_ratio
-              for o in ops if o.name in ATTENTION_CORE_OPS)
+    core = [o for o in ops if o.name in ATTENTION_CORE_OPS]
+    fwds = [op_time_s(o, gpu) for o in core]
+    fwd = sum(fwds)
+    bwd = sum(op_bwd_time_s(o, gpu, t) for o, t in zip(core, fwds))
     ratio = np.where(cfg.flash_attention, FLASH_ATTN_BWD_RATIO, GEMM_BWD_RATIO)
     return fwd, np.where(np.asarray(fwd) > 0, bwd / np.where(np.asarray(fwd) > 0, fwd, 1.0), ratio)
 

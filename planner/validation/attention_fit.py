@@ -9,9 +9,10 @@ row cost are fitted on the kernel's speed without a mask over 512 to 16K tokens 
 error; the row cost on a grid, the plateau in closed form); the masked-tile cost, one number per kernel, on the
 forward speed with a causal mask. Rows marked "check" are never fitted. Each kernel with rows is fitted; a profile
 stores the table of the kernel its default stack runs (:data:`TARGETS`: Megatron-Core's Transformer Engine runs
-cuDNN's fused attention on Hopper). The H100 table is carried to the profiles of the same die (H200, H800); Blackwell has no published per-shape table this project could quote, so B200 and
-GB200 carry the Hopper shape (row and mask costs, the head dimensions' ratio) at the level of their own
-``attention_efficiency`` at the reference shape (:data:`REFERENCE`), which is what those profiles stated before.
+cuDNN's fused attention on Hopper). The H100 table is carried to the profiles of the same die (H200, H800);
+Blackwell has no published per-shape table this project could quote, so B200 and GB200 carry the Hopper shape
+(row and mask costs, the head dimensions' ratio) at the level of their own ``attention_efficiency`` at the
+reference shape (:data:`REFERENCE`), which is what those profiles stated before.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cost.compute import FLASH_ATTN_BWD_RATIO, AttentionShape, attention_work_factor
+from planner.cost.compute import FLASH_ATTN_BWD_RATIO, AttentionShape, attention_rate_flops, attention_work_factor
 from planner.specs.hardware import TFLOPS, AttentionKernel, hardware_profiles_dir, load_cluster
 from planner.validation.compare import relative_error
 
@@ -43,6 +44,9 @@ REFERENCE = {"head_dim": 128, "keys": 4096}
 #: FusedAttention (cuDNN), its choice on Hopper unless FlashAttention-3 is installed beside it
 #: (transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend)
 TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm"), ("b200-180gb", "gb200-nvl72")),)
+#: the ratio of a training step's attention to the benchmarked kernel per fitted profile: the profile's GEMM curve
+#: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886)
+END_TO_END = {"h100-80gb-sxm": 0.886}
 
 
 def load_rows(path: Path = RUNS_FILE) -> list[dict]:
@@ -56,29 +60,24 @@ class KernelFit:
     rows: tuple[str, ...]
 
 
-def _shape(row: dict, seq_len: float) -> AttentionShape:
-    return AttentionShape(head_dim=row["head_dim"], keys=seq_len, causal=row["causal"])
+def _shape(row: dict) -> AttentionShape:
+    """The row's kernel shape over all its sequence lengths (an array of keys)."""
+    return AttentionShape(head_dim=row["head_dim"], keys=np.asarray(row["seq_lens"], dtype=float),
+                          causal=row["causal"])
 
 
 def predicted_tflops(kernel: AttentionKernel, row: dict) -> np.ndarray:
     """The kernel model's speed at each of ``row``'s sequence lengths, counted as the row counts it (attended
     FLOPs per second)."""
-    backward = row["direction"] == "backward"
-    out = []
-    for s in row["seq_lens"]:
-        work = attention_work_factor(_shape(row, s), kernel.tile_tokens,
-                                     kernel.row_overhead_tiles(row["head_dim"], backward), kernel.masked_tile_extra)
-        out.append(float(kernel.plateau_flops(row["head_dim"], backward) / work) / TFLOPS)
-    return np.asarray(out)
+    return attention_rate_flops(kernel, _shape(row), row["direction"] == "backward") / TFLOPS
 
 
 def _fit_plateau_and_row(row: dict) -> tuple[float, float]:
     """(plateau TFLOP/s, row cost) minimizing the squared relative error of an unmasked row."""
-    n = np.maximum(np.asarray(row["seq_lens"], dtype=float) / TILE_TOKENS, 1.0)
     y = np.asarray(row["tflops"], dtype=float)
     best = None
     for c in ROW_GRID:
-        g = 1.0 / (1.0 + c / n)  # speed / plateau without a mask (attention_work_factor, bidirectional rows)
+        g = 1.0 / attention_work_factor(_shape(row), TILE_TOKENS, c, 0.0)  # speed / plateau
         plateau = float(np.sum(g / y) / np.sum(g * g / (y * y)))
         err = float(np.sum((plateau * g / y - 1.0) ** 2))
         if best is None or err < best[0]:
@@ -130,12 +129,8 @@ def row_errors(kernel: AttentionKernel, row: dict) -> list[float]:
 def reference_efficiency(kernel: AttentionKernel, peak_flops: float) -> float:
     """Useful-FLOP efficiency of forward + backward (1 : 2.5 FLOPs) at :data:`REFERENCE`, causal, no CP."""
     shape = AttentionShape(head_dim=REFERENCE["head_dim"], keys=REFERENCE["keys"], causal=True)
-    times = []
-    for backward, flops in ((False, 1.0), (True, FLASH_ATTN_BWD_RATIO)):
-        work = attention_work_factor(shape, kernel.tile_tokens,
-                                     kernel.row_overhead_tiles(REFERENCE["head_dim"], backward),
-                                     kernel.masked_tile_extra)
-        times.append(flops * float(work) / float(kernel.plateau_flops(REFERENCE["head_dim"], backward)))
+    times = (flops / float(attention_rate_flops(kernel, shape, backward))
+             for backward, flops in ((False, 1.0), (True, FLASH_ATTN_BWD_RATIO)))
     return (1.0 + FLASH_ATTN_BWD_RATIO) / sum(times) / peak_flops
 
 
@@ -191,11 +186,6 @@ def write(f: KernelFit, same_die: tuple[str, ...], shape_only: tuple[str, ...]) 
                 provenance = {"carried_from": f.profile, "note": "same GH100 die and clocks: not refitted"}
         gpu["attention_kernel"] = _section(f.kernel, scale, ratio, provenance)
         path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-#: the ratio of a training step's attention to the benchmarked kernel per fitted profile: the profile's GEMM curve
-#: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886)
-END_TO_END = {"h100-80gb-sxm": 0.886}
 
 
 def main() -> None:
