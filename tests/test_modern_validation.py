@@ -140,7 +140,7 @@ def test_the_fitted_expert_issue_times_are_what_the_fit_computes(profiles, preci
     value and rows. On Blackwell (6 rows) it generalizes across model families (refit without DeepSeek, or without
     Qwen3, the left-out family's rows stay within 12%); across sources it cannot be checked there, every row that
     moves it being from one release. On H100 (3 rows, one with fine-grained experts) it does not: refit on
-    DeepSeek-V3 alone the Qwen3 rows are 17-33% off; the README reports both."""
+    DeepSeek-V3 alone the Qwen3 rows are 17-30% off; the README reports both."""
     from planner.specs.hardware import hardware_profiles_dir
     from planner.validation.fit import fit_call
 
