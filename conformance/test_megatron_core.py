@@ -13,6 +13,7 @@ training loop (batch sizes, data, optimizer) are not config fields and are left 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import subprocess
 import typing
 
@@ -80,6 +81,8 @@ def _convert(value: list[str], annotation):
         return list(value)
     word = value[0]
     for kind in ([annotation] if not args else args):
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):  # Megatron-LM's argument_utils: Enum[name]
+            return kind[word]
         if kind is bool:
             return word.lower() in ("1", "true")
         if kind in (int, float):

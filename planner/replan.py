@@ -208,7 +208,8 @@ def _default_finder(model: ModelSpec, cluster: Cluster, old: RunConfig, global_b
     from planner.search.space import SearchSpace
 
     def find(num_gpus: int, constraints: Any, top_k: int) -> Plan:
-        space = SearchSpace(precision=old.precision, recompute_modules=old.recompute_modules)
+        space = SearchSpace(precision=old.precision, recompute_modules=old.recompute_modules,
+                            attention_kernel=old.attention_kernel)
         if constraints is not None:
             space = constraints.narrow([space], "the search")[0]
         return search_plans(model, cluster, num_gpus, global_batch, old.seq_len, top_k=top_k, space=space)

@@ -34,7 +34,7 @@ MEGATRON_FLAGS = {
     "--global-batch-size", "--seq-length", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce",
     "--overlap-param-gather", "--tp-comm-overlap", "--accumulate-allreduce-grads-in-fp32", "--num-layers",
-    "--num-distributed-optimizer-instances",
+    "--num-distributed-optimizer-instances", "--attention-backend",
     "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups",
     "--kv-channels", "--max-position-embeddings", "--untie-embeddings-and-output-weights", "--swiglu",
     "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
@@ -155,6 +155,22 @@ def test_megatron_llama405_arguments(llama405):
     assert kv["--seq-length"] == "8192" and kv["--global-batch-size"] == "2048"
     assert "--swiglu" in kv and kv["--normalization"] == "RMSNorm" and "--untie-embeddings-and-output-weights" in kv
     assert "--num-layers-per-virtual-pipeline-stage" not in kv
+
+
+@pytest.mark.parametrize("kernel, flash, backend", [("cudnn", True, "fused"), ("flash-attention-2", True, "flash"),
+                                                   ("flash-attention-3", True, "flash"), ("", True, None),
+                                                   ("cudnn", False, "unfused")])
+def test_megatron_and_nemo_pin_the_attention_backend_the_plan_was_costed_with(kernel, flash, backend):
+    """--attention-backend (Megatron-Core's AttnBackend: fused = Transformer Engine's cuDNN FusedAttention, flash =
+    the flash-attn package, unfused) as the stack or --attention-kernel named the kernel; none (Megatron's auto)
+    when the plan names no kernel; NeMo / Megatron-Bridge get the same name as model.attention_backend."""
+    plan = config_only_plan("llama-3.1-8b", num_gpus=8, global_batch_size=64, seq_len=8192, attention_kernel=kernel,
+                            flash_attention=flash)
+    kv = pairs(megatron.arguments(plan))
+    assert set(kv) <= MEGATRON_FLAGS
+    assert kv.get("--attention-backend") == backend
+    assert nemo.overrides(plan).get("model.attention_backend") == backend
+    assert any("flash-attn" in n for n in megatron.notes(plan)) == kernel.startswith("flash-attention")
 
 
 def test_megatron_full_recompute_of_every_layer_is_uniform():

@@ -101,8 +101,9 @@ def test_a_faster_pool_gets_more_layers_and_the_pipeline_matches_the_simulator()
         if plan.config.schedule == "1f1b":
             assert pe.pipeline_s == pytest.approx(sim.total_s, rel=1e-9)
         else:  # interleaved: Narayanan's bubble (exact for equal stages) within 5% of the played schedule; with a
-            # pool's ranks unequal it can fall just below it (0.05% here, 2026-12-05)
-            assert 0.999 * sim.total_s <= pe.pipeline_s <= 1.05 * sim.total_s
+            # pool's ranks unequal it can fall just below it (0.13% here on 2026-12-05 with the causal attention
+            # share; 0.05% before): the closed form is not a bound, so it is held within half a percent below
+            assert 0.995 * sim.total_s <= pe.pipeline_s <= 1.05 * sim.total_s
     best = res.ranked[0].estimate
     times = [s.time_per_microbatch_s for s in best.estimate.stages]
     assert max(times) / min(times) < 1.1  # the split balances the pools' ranks

@@ -7,7 +7,7 @@ import typer
 from planner.cli.app import app, choice, console, err, handle_errors
 from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
                                  print_length_tables)
-from planner.cli.render import model_label, print_estimate
+from planner.cli.render import attention_kernel_line, model_label, print_estimate
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
@@ -57,8 +57,11 @@ def parse_recompute_modules(text: str) -> str:
                            fix=f"e.g. --recompute-modules {DEFAULT_RECOMPUTE_MODULES},layernorm") from None
 
 
-from planner.specs.hardware import load_cluster
+from planner.specs.hardware import ATTENTION_KERNELS, check_attention_kernel, load_cluster
 from planner.specs.model import load_model
+
+ATTENTION_KERNEL_HELP = ("Fused attention kernel whose table prices attention: " + " | ".join(ATTENTION_KERNELS) +
+                         " (default: the stack's; the profile must have its table: `planner list clusters --json`)")
 
 
 @app.command()
@@ -109,6 +112,7 @@ def estimate(
                                               "(Megatron --overlap-moe-expert-parallel-comm; DualPipe's pairing)"),
     grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
+    attention_kernel: str = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     fused_cross_entropy: bool = typer.Option(True, "--fused-cross-entropy/--no-fused-cross-entropy",
                                              help="Loss cross-entropy fused (Megatron --cross-entropy-loss-fusion) "
@@ -145,6 +149,8 @@ def estimate(
     run_stack = load_stack(stack)
     spec = load_model(model)
     hw = load_cluster(cluster)
+    if attention_kernel is not None:
+        check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,
                     micro_batch_size=micro_batch, seq_len=seq_len, recompute=recompute,
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
@@ -153,7 +159,8 @@ def estimate(
                     fused_cross_entropy=fused_cross_entropy)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
-                          grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype))
+                          grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),
+                          attention_kernel=attention_kernel)
     est = estimate_config(spec, hw, cfg)
     data = None
     if dist is not None:
@@ -172,11 +179,13 @@ def estimate(
     for warning in request_warnings(spec, cfg):
         err(f"warning: {warning}")
     if json_out:
-        typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name, "accuracy": accuracy,
+        typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name,
+                          "attention_kernel_priced": hw.gpu.attention_kernel_priced(cfg.attention_kernel)
+                          if cfg.flash_attention else None, "accuracy": accuracy,
                           **({"data": data} if data is not None else {})}), nl=False)
     else:
         print_estimate(console(), est, cfg, f"{model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), "
-                                            f"stack {run_stack.name}", accuracy)
+                                            f"stack {run_stack.name}", accuracy, attention_kernel_line(hw.gpu, cfg))
         if data is not None:
             print_length_tables(console(), data)
     if require_fit and not est.fits:

@@ -50,6 +50,8 @@ def cluster_rows() -> list[dict[str, Any]]:
             "name": name, "gpu": c.gpu.name, "bf16_tflops": c.gpu.peak_flops / TFLOPS, "hbm_gib": c.gpu.hbm_bytes / GIB,
             "gpus_per_node": c.gpus_per_node, "intra_node_gb_s": c.intra_node.bandwidth_bytes_per_s / GB,
             "inter_node_gb_s": c.inter_node.bandwidth_bytes_per_s / GB, "max_gpus": c.max_gpus or None,
+            # in --json only (the table is full at 80 columns): the kernels --attention-kernel can name here
+            "attention_kernels": list(c.gpu.attention_kernel_names()),
         })
     from planner.specs.pools import load_pooled_cluster, shipped_pooled_clusters
 
@@ -62,7 +64,7 @@ def cluster_rows() -> list[dict[str, Any]]:
         rows.append({"name": name, "gpu": "pools: " + " + ".join(f"{p.num_gpus} x {p.cluster.gpu.name}"
                                                                  for p in pc.pools),
                      "bf16_tflops": None, "hbm_gib": None, "gpus_per_node": None, "intra_node_gb_s": None,
-                     "inter_node_gb_s": None, "max_gpus": pc.num_gpus,
+                     "inter_node_gb_s": None, "max_gpus": pc.num_gpus, "attention_kernels": [],
                      "pools": [{"name": p.name, "profile": p.cluster.name, "nodes": p.nodes} for p in pc.pools]})
     return rows
 
@@ -108,7 +110,8 @@ def stack_rows() -> list[dict[str, Any]]:
 
     def row(name: str, s) -> dict[str, Any]:
         opts = [k for k in ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
-                if getattr(s, k)] + [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"]
+                if getattr(s, k)] + [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"] + \
+            ([f"attention {s.attention_kernel}"] if s.attention_kernel and s.flash_attention else [])
         return {"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
                 "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
                 "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",

@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.app import CONSTRAINT_OPTIONS, app, choice, console, err, handle_errors, search_constraints
-from planner.cli.render import add_columns, layout_label, model_label, print_estimate, recipe_label
-from planner.cli.estimate import parse_offload_modules, parse_recompute_modules
+from planner.cli.render import (add_columns, attention_kernel_line, layout_label, model_label, print_estimate,
+                                recipe_label)
+from planner.cli.estimate import ATTENTION_KERNEL_HELP, parse_offload_modules, parse_recompute_modules
 from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
                                  print_length_tables)
 from planner.errors import PlannerError
@@ -18,7 +19,7 @@ from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, PRECISIONS
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
-from planner.specs.hardware import load_cluster
+from planner.specs.hardware import check_attention_kernel, load_cluster
 from planner.specs.model import load_model
 
 #: time components grouped the way the comparison names them
@@ -99,8 +100,9 @@ def tie_note(plan: Plan, accuracy: dict) -> str:
     return f"#1 leads #2 by {100 * margin:.1f}%, more than the model's ±{100 * band:.1f}% error band on such runs"
 
 
-def print_plan(con: Console, plan: Plan, objective: str, title: str, accuracy: dict | None = None) -> None:
-    print_estimate(con, plan.estimate, plan.config, title, accuracy)
+def print_plan(con: Console, plan: Plan, objective: str, title: str, accuracy: dict | None = None,
+               kernel_line: str = "") -> None:
+    print_estimate(con, plan.estimate, plan.config, title, accuracy, kernel_line)
     con.print(plans_table(plan, objective))
     con.print(f"[bold]Why #1:[/] {why_best(plan, objective)}")
     if accuracy and objective == "time" and plan.alternatives:
@@ -140,6 +142,7 @@ def plan(
     stack: str = typer.Option(None, "--stack", help=f"Training stack: search exactly what it runs, with its runtime "
                                                     f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
+    attention_kernel: str = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
     ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
     dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
@@ -175,7 +178,8 @@ def plan(
     if is_pooled_cluster(cluster):  # several GPU pools: planner.search.pooled
         from planner.cli.pools import plan_over_pools
 
-        given = [name for name, on in (("--stack", stack is not None), ("--objective", objective != "time"),
+        given = [name for name, on in (("--stack", stack is not None),
+                                       ("--attention-kernel", attention_kernel is not None), ("--objective", objective != "time"),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
                                        ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
@@ -190,6 +194,8 @@ def plan(
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
     hw = load_cluster(cluster)
+    if attention_kernel is not None:
+        check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
     if packed:
         from planner.cost.variable_length import packed_attention_cv
@@ -211,11 +217,13 @@ def plan(
                                      max_memory_gib=max_memory_gib, refine_partition=not no_partition,
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
                                      recompute_modules=modules, constraints=cons, packed_doc_len=packed,
-                                     packed_attention_cv=packed_cv, offload_modules=offload_modules)
+                                     packed_attention_cv=packed_cv, offload_modules=offload_modules,
+                                     attention_kernel=attention_kernel)
         from planner.search.space import SearchSpace
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
-                            packed_attention_cv=packed_cv, offload_modules=offload_modules)
+                            packed_attention_cv=packed_cv, offload_modules=offload_modules,
+                            attention_kernel=attention_kernel or "")
         if cons is not None:
             space = cons.narrow([space], "the search")[0]
         return search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,
@@ -257,7 +265,9 @@ def plan(
     if margin is not None:
         accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]
     if json_out:
-        typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name, "accuracy": accuracy,
+        typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name,
+                          "attention_kernel_priced": hw.gpu.attention_kernel_priced(result.config.attention_kernel)
+                          if result.config.flash_attention else None, "accuracy": accuracy,
                           **({"data": data} if data is not None else {})}), nl=False)
         return
     if emit is not None and out is None:
@@ -265,7 +275,7 @@ def plan(
     limit = f", at most {max_memory_gib:g} GiB per GPU" if max_memory_gib is not None else ""
     print_plan(console(), result, objective,
                f"Best plan: {model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), global batch {global_batch}, "
-               f"sequence {seq_len}{limit}, stack {stack_name}", accuracy)
+               f"sequence {seq_len}{limit}, stack {stack_name}", accuracy, attention_kernel_line(hw.gpu, result.config))
     if data is not None:
         print_length_tables(console(), data)
 

@@ -182,10 +182,21 @@ def accuracy_line(accuracy: dict | None) -> str:
             f"±{100 * accuracy['mean_abs_error']:.1f}% mean error in throughput")
 
 
+def attention_kernel_line(gpu: Any, cfg: RunConfig) -> str:
+    """Which attention kernel's table priced the fused attention ("" without a fused kernel or kernel tables)."""
+    priced = gpu.attention_kernel_priced(cfg.attention_kernel)
+    if not cfg.flash_attention or priced is None:
+        return ""
+    if cfg.attention_kernel and priced != cfg.attention_kernel:
+        return (f"attention kernel: {cfg.attention_kernel} asked, but the profile has no table for it: "
+                f"{priced}'s priced")
+    return f"attention kernel: {priced}"
+
+
 def print_estimate(console: Console, est: Estimate, cfg: RunConfig, header: str,
-                   accuracy: dict | None = None) -> None:
+                   accuracy: dict | None = None, kernel_line: str = "") -> None:
     console.print(f"[bold]{header}[/]")
-    console.print(config_line(cfg))
+    console.print(config_line(cfg) + (f"; {kernel_line}" if kernel_line else ""))
     console.print(summary_table(est.to_dict(with_stages=False)))
     if accuracy:
         console.print(accuracy_line(accuracy))

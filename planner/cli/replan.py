@@ -26,7 +26,8 @@ def _finder(model, cluster, old, stack_name: str, global_batch: int):
     def find(num_gpus, constraints, top_k):
         return plan_for_launcher(model, cluster, num_gpus, global_batch, old.seq_len, stack.launcher,
                                  top_k=top_k, option="--stack", precision=old.precision, stack=stack,
-                                 recompute_modules=old.recompute_modules, constraints=constraints)
+                                 recompute_modules=old.recompute_modules, constraints=constraints,
+                                 attention_kernel=old.attention_kernel or None)  # the plan's kernel, if it named one
     return find
 
 

@@ -66,7 +66,8 @@ class AttentionShape:
     """What a fused attention kernel's speed depends on (:func:`attention_work_factor`): the query/key head
     dimension, the keys a sequence (or packed document) spans, causal masking, a sliding window (tokens; 0: none)
     on a share of the op's layers, and the ring steps of context parallelism (each a kernel call per query tile
-    row; 1 without ring CP). Numbers or arrays over a batch of configurations."""
+    row; 1 without ring CP), and the kernel that runs it (a profile's table name, ``RunConfig.attention_kernel``;
+    empty: the profile's default). Numbers or arrays over a batch of configurations."""
 
     head_dim: float
     keys: float | np.ndarray
@@ -74,6 +75,7 @@ class AttentionShape:
     window: float = 0.0
     window_share: float = 0.0
     ring_steps: float | np.ndarray = 1.0
+    kernel: str | np.ndarray = ""
 
 
 def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
@@ -154,7 +156,8 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
         if model.sliding_window_layers else 0.0
     shape = AttentionShape(head_dim=model.attn_k_dim / model.attn_kv_heads, keys=keys, causal=model.causal,
                            window=float(model.sliding_window) if windowed else 0.0, window_share=windowed,
-                           ring_steps=np.where(np.asarray(cfg.cp_kind) == "ring", cfg.cp, 1))
+                           ring_steps=np.where(np.asarray(cfg.cp_kind) == "ring", cfg.cp, 1),
+                           kernel=cfg.attention_kernel)
     ops.append(Op("attention_core", "attention", flops=np.where(flash, flash_flops, 0.0),
                   bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
@@ -447,13 +450,25 @@ def attention_work_factor(shape: AttentionShape, tile_tokens: float, row_overhea
     return (useful_global * global_factor + useful_window * window_factor) / (useful_global + useful_window)
 
 
+def causal_rate_ratio(kernel: AttentionKernel, shape: AttentionShape):
+    """The share of an unmasked call's tile rate that ``shape``'s calls reach: ``kernel.causal_plateau_ratio`` for
+    causal calls, 1 for unmasked ones. Under ring CP only the diagonal step is a causal call (Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P`` runs the later steps' half blocks without a mask), 1 / p of the equal steps' work
+    (:func:`planner.cost.context_parallel.balanced_causal_work`)."""
+    if not shape.causal:
+        return 1.0
+    causal_share = 1.0 / np.maximum(np.asarray(shape.ring_steps, dtype=float), 1.0)
+    return 1.0 / (causal_share / kernel.causal_plateau_ratio + 1.0 - causal_share)
+
+
 def attention_rate_flops(kernel: AttentionKernel, shape: AttentionShape, backward: bool = False):
     """Attended FLOP/s of ``kernel`` at ``shape`` (forward, or backward): its plateau rate at the shape's head
-    dimension over the tiles it spends per attended tile (:func:`attention_work_factor`)."""
+    dimension, times the causal calls' share of it (:func:`causal_rate_ratio`), over the tiles it spends per
+    attended tile (:func:`attention_work_factor`)."""
     head_dim = shape.head_dim
     work = attention_work_factor(shape, kernel.tile_tokens, kernel.row_overhead_tiles(head_dim, backward),
                                  kernel.masked_tile_extra)
-    return kernel.plateau_flops(head_dim, backward) / work
+    return kernel.plateau_flops(head_dim, backward) * causal_rate_ratio(kernel, shape) / work
 
 
 def attention_time_s(op: Op, gpu: GPU, backward: bool = False):
@@ -463,7 +478,14 @@ def attention_time_s(op: Op, gpu: GPU, backward: bool = False):
     flops = op.flops * (op.bwd_ratio if backward else 1.0)
     if gpu.attention_kernel is None or op.shape is None:
         return flops / (gpu.peak_flops * gpu.attention_efficiency)
-    return flops / attention_rate_flops(gpu.attention_kernel, op.shape, backward)
+    names = np.asarray(op.shape.kernel)
+    if names.ndim == 0:
+        return flops / attention_rate_flops(gpu.attention_table(str(names)), op.shape, backward)
+    # a batch whose configurations name different kernels: each kernel's rate where it is named
+    rate = np.zeros(names.shape)
+    for name in np.unique(names):
+        rate = np.where(names == name, attention_rate_flops(gpu.attention_table(str(name)), op.shape, backward), rate)
+    return flops / rate
 
 
 def op_time_s(op: Op, gpu: GPU):

@@ -221,6 +221,8 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         args.append("--grad-reduce-in-bf16")
     if cfg.fused_cross_entropy:  # off by default in Megatron-LM: the plan was costed with the fused loss
         args.append("--cross-entropy-loss-fusion")
+    if attention_backend(cfg) is not None:  # the kernel the plan was costed with, not TE's own pick
+        args += ["--attention-backend", attention_backend(cfg)]
     if cfg.offload_layers:  # arguments.py: a count > 0 turns cpu_offloading on (activations only by default)
         args += ["--cpu-offloading-num-layers", str(cfg.offload_layers)]
     if cfg.offload_modules:  # TransformerConfig.fine_grained_activation_offloading / offload_modules (a list)
@@ -231,6 +233,21 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     args += _model_args(view)
     args += precision_args(cfg)
     return args
+
+
+#: Megatron-Core's attention backend (``--attention-backend``, TransformerConfig.attention_backend, an AttnBackend
+#: name) for the kernel the plan was costed with: Transformer Engine's FusedAttention is cuDNN's kernel, its
+#: FlashAttention backend runs the flash-attn package (FlashAttention-3 on Hopper where flash-attn 3 is installed,
+#: else FlashAttention-2: transformer_engine/pytorch/attention/dot_product_attention/utils.py)
+ATTENTION_BACKEND = {"cudnn": "fused", "flash-attention-2": "flash", "flash-attention-3": "flash"}
+
+
+def attention_backend(cfg) -> str | None:
+    """The AttnBackend name a plan's attention was costed with: ``unfused`` without a fused kernel, the named
+    kernel's backend, None (Megatron's ``auto``, Transformer Engine's own pick) when the plan names none."""
+    if not cfg.flash_attention:
+        return "unfused"
+    return ATTENTION_BACKEND.get(cfg.attention_kernel)
 
 
 def current_scaling_needed(cfg) -> bool:
@@ -269,6 +286,10 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
                    "model config")
     if not view.cfg.flash_attention:
         out.append("the plan assumes an unfused attention kernel (flash_attention = false)")
+    if view.cfg.flash_attention and view.cfg.attention_kernel.startswith("flash-attention"):
+        out.append(f"the plan was costed with {view.cfg.attention_kernel}: --attention-backend flash runs the "
+                   "flash-attn package Transformer Engine finds (FlashAttention-3 on Hopper needs flash-attn 3 "
+                   "installed)")
     if view.hybrid_cp_max_per_rank is not None:
         out.append("hybrid context parallelism schedules each sample of the global batch on its own CP group: give "
                    "it variable-length samples (e.g. --sft-sequence-packing), not fixed-length ones")

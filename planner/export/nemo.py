@@ -23,8 +23,8 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
                                     unsupported)
-from planner.export.megatron import (CP_COMM_TYPE, FSDP_SHARDING, check_plan, current_scaling_needed, environment,
-                                     hybrid_pattern, layout_string)
+from planner.export.megatron import (CP_COMM_TYPE, FSDP_SHARDING, attention_backend, check_plan,
+                                     current_scaling_needed, environment, hybrid_pattern, layout_string)
 
 LAUNCHER = "nemo"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -98,6 +98,8 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         out.update({"ddp.use_megatron_fsdp": True, "ddp.data_parallel_sharding_strategy": FSDP_SHARDING[cfg.zero_stage],
                     "checkpoint.ckpt_format": "fsdp_dtensor"})
     out["model.cross_entropy_loss_fusion"] = cfg.fused_cross_entropy
+    if attention_backend(cfg) is not None:  # TransformerConfig.attention_backend (an AttnBackend name)
+        out["model.attention_backend"] = attention_backend(cfg)
     if cfg.offload_layers:
         out.update({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": cfg.offload_layers})
     if cfg.offload_modules:  # TransformerConfig fields (Megatron-Core fine-grained activation offloading)

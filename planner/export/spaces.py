@@ -93,7 +93,8 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
             ep_comm_overlap=tuple(v for v in space.ep_comm_overlap if v in stack.ep_comm_overlap_choices) or (False,),
             hsdp_zero_stages=tuple(z for z in space.hsdp_zero_stages if z in stack.hsdp_zero_stages),
             flash_attention=(stack.flash_attention,), overlap_grad_reduce=(stack.overlap_grad_reduce,),
-            overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,))
+            overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,),
+            attention_kernel=stack.attention_kernel)
         if narrowed.schedules and narrowed.zero_stages and narrowed.cp_kinds:
             out.append(narrowed)
     if not out:
@@ -107,10 +108,11 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                       refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
                       stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES,
                       constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "",
-                      packed_attention_cv: float = 0.0) -> Any:
+                      packed_attention_cv: float = 0.0, attention_kernel: str | None = None) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
-    when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``)."""
+    when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``);
+    ``attention_kernel`` overrides the stack's kernel (``--attention-kernel``)."""
     from planner.export import target_module
     from planner.plan import search_plans
     from planner.search.engine import objective_key
@@ -136,6 +138,8 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     if packed_doc_len or offload_modules:
         spaces = [replace(s, packed_doc_len=packed_doc_len, packed_attention_cv=packed_attention_cv,
                           offload_modules=offload_modules) for s in spaces]
+    if attention_kernel is not None:
+        spaces = [replace(s, attention_kernel=attention_kernel) for s in spaces]
     found = []
     reasons = []
     fixes = []

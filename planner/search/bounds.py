@@ -282,7 +282,8 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
                                     precision=space.precision, expert_tp=x,
                                     recompute_modules=space.recompute_modules,
                                     ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
-                                    packed_doc_len=space.packed_doc_len, offload_modules=space.offload_modules)
+                                    packed_doc_len=space.packed_doc_len, offload_modules=space.offload_modules,
+                                    attention_kernel=space.attention_kernel)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

@@ -71,6 +71,8 @@ class SearchSpace:
     uneven_chunks: int = UNEVEN_CHUNKS
     #: GEMM precision of the linear layers (the run's choice, not searched: config.PRECISIONS)
     precision: str = "bf16"
+    #: the attention kernel (config.RunConfig.attention_kernel: the stack's, not searched; "" = the profile's)
+    attention_kernel: str = ""
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     #: packed variable-length documents: their token-weighted mean length (config.RunConfig.packed_doc_len; the
@@ -391,6 +393,7 @@ class Space:
     rec_codes: tuple[int, ...]  # from REC_NONE, REC_SELECTIVE, REC_FULL_ALL
     partial_recompute: bool
     precision: str = "bf16"
+    attention_kernel: str = ""
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     packed_doc_len: float = 0.0
     packed_attention_cv: float = 0.0
@@ -559,7 +562,7 @@ class Space:
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
             schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
-            recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
+            attention_kernel=self.attention_kernel, recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
             packed_attention_cv=self.packed_attention_cv,
             offload_modules=self.offload_modules,
             **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
@@ -581,6 +584,7 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
                  global_batch=global_batch, seq_len=seq_len, zero_stages=zero_stages,
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
+                 attention_kernel=space.attention_kernel,
                  partial_divides=space.recompute_count_divides,
                  recompute_modules=space.recompute_modules, packed_doc_len=space.packed_doc_len,
                  packed_attention_cv=space.packed_attention_cv,

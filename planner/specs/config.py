@@ -117,6 +117,9 @@ class RunConfig:
     ep_comm_overlap: bool = False
     grad_reduce_bytes: int = 2  # bytes per element of the DP gradient reduction (bf16 = 2, fp32 = 4)
     precision: str = "bf16"  # GEMM precision of the linear layers (PRECISIONS)
+    #: the fused attention kernel that runs (a hardware profile's table name, ``hardware.ATTENTION_KERNELS``; the
+    #: stack's choice or ``--attention-kernel``); "" = the profile's default table
+    attention_kernel: str = ""
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
     #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them
@@ -189,7 +192,7 @@ class RunConfig:
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
-                "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules")
+                "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel")
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,6 +221,7 @@ class ConfigBatch:
     fused_cross_entropy: np.ndarray
     packed_doc_len: np.ndarray
     offload_modules: np.ndarray
+    attention_kernel: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":

@@ -53,6 +53,12 @@ class EfficiencyCurve:
         return np.interp(x, xs, es)
 
 
+#: the attention kernels a stack or ``--attention-kernel`` can name, as profiles' tables are keyed: cuDNN's fused
+#: attention (Transformer Engine's FusedAttention; PyTorch SDPA's cuDNN backend), FlashAttention-2 (the flash-attn 2
+#: package; PyTorch SDPA's flash backend), FlashAttention-3 (flash-attn's Hopper kernels)
+ATTENTION_KERNELS = ("cudnn", "flash-attention-2", "flash-attention-3")
+
+
 @dataclass(frozen=True)
 class AttentionKernel:
     """A fused attention kernel's speed as a function of its shape (FlashAttention's tiling: Dao 2023, Sec. 3.1;
@@ -63,7 +69,11 @@ class AttentionKernel:
     backward) and head dimension (``head_dims``, interpolated in log2 between them, flat outside), fitted on the
     kernel's published speed (``planner/validation/attention_kernels.json``, ``planner.validation.attention_fit``);
     the profile lists the rows. ``end_to_end_ratio`` carries a kernel benchmark into a training step (the same
-    ratio of fitted to raw plateau as the GPU's GEMM curve)."""
+    ratio of fitted to raw plateau as the GPU's GEMM curve). ``causal_plateau_ratio``: the rate of a causal call's
+    full tiles relative to an unmasked call's (published causal kernels top out 5-10% below their unmasked speed
+    at 16K tokens, where the diagonal is under 1% of the tiles: query-tile rows of unequal length finish unevenly
+    and every tile runs the mask's bound checks); fitted with ``masked_tile_extra`` on the causal rows. ``name``:
+    the kernel's id (``ATTENTION_KERNELS``), which a stack or ``--attention-kernel`` selects."""
 
     name: str
     tile_tokens: float
@@ -74,6 +84,7 @@ class AttentionKernel:
     bwd_row_overhead_tiles: tuple[float, ...]
     masked_tile_extra: float
     end_to_end_ratio: float
+    causal_plateau_ratio: float = 1.0
 
     def _at(self, values: tuple[float, ...], head_dim):
         return np.interp(np.log2(np.asarray(head_dim, dtype=float)), np.log2(np.asarray(self.head_dims)),
@@ -112,9 +123,31 @@ class GPU:
     #: dispatcher's host sync): the GPU waits when the expert GEMMs are shorter. Fitted per profile and precision
     #: on public MoE runs (the profile lists them); 0 where not fitted (never launch-bound)
     expert_gemm_call_s: tuple[tuple[str, float], ...] = ()
-    #: the fused attention kernel's speed by shape (:class:`AttentionKernel`); None: ``attention_efficiency`` for
-    #: every shape (profiles without a kernel table)
+    #: the fused attention kernel's speed by shape (:class:`AttentionKernel`): the one the default stack runs on this
+    #: GPU; None: ``attention_efficiency`` for every shape (profiles without a kernel table)
     attention_kernel: AttentionKernel | None = None
+    #: tables of other kernels this GPU runs (``gpu.other_attention_kernels``), selected by name
+    #: (:meth:`attention_table`)
+    other_attention_kernels: tuple[AttentionKernel, ...] = ()
+
+    def attention_kernel_names(self) -> tuple[str, ...]:
+        """The kernels this profile has a table for, the default first."""
+        return tuple(k.name for k in ((self.attention_kernel,) if self.attention_kernel else ()) +
+                     self.other_attention_kernels)
+
+    def attention_table(self, name: str = ""):
+        """The table of kernel ``name`` (a stack's or ``--attention-kernel``'s choice); the default table where
+        ``name`` is empty or the profile has no table for it (the CLI refuses an explicit name it lacks)."""
+        for k in self.other_attention_kernels:
+            if k.name == name:
+                return k
+        return self.attention_kernel
+
+    def attention_kernel_priced(self, name: str = "") -> str | None:
+        """The name of the table that prices attention when ``name`` is asked for (None: the single
+        ``attention_efficiency``)."""
+        table = self.attention_table(name)
+        return table.name if table is not None else None
 
     def precisions(self) -> tuple[str, ...]:
         """The GEMM precisions this GPU runs: bf16 and those its profile gives a peak for."""
@@ -312,11 +345,10 @@ def _list(d: dict, key: str, source: str, section: str, n: int | None = None) ->
     return tuple(_num({key: v}, key, source, section) for v in values)
 
 
-def _attention_kernel(d: Any, source: str) -> AttentionKernel | None:
+def _attention_kernel(d: Any, source: str, section: str = "gpu.attention_kernel") -> AttentionKernel | None:
     """``gpu.attention_kernel``: the fused attention kernel's fitted speed by shape (:class:`AttentionKernel`)."""
     if d is None:
         return None
-    section = "gpu.attention_kernel"
     if not isinstance(d, dict):
         raise PlannerError("must be an object", source=source, field=section, fix=_FORMAT_FIX)
     dims = _list(d, "head_dims", source, section)
@@ -339,7 +371,18 @@ def _attention_kernel(d: Any, source: str) -> AttentionKernel | None:
         bwd_plateau_flops=passes["backward"][0], bwd_row_overhead_tiles=passes["backward"][1],
         masked_tile_extra=_num(d, "masked_tile_extra", source, section, positive=False),
         end_to_end_ratio=_num(d, "end_to_end_ratio", source, section, maximum=1.0),
+        causal_plateau_ratio=_num(d, "causal_plateau_ratio", source, section, maximum=1.0, default=1.0),
     )
+
+
+def _other_attention_kernels(d: Any, source: str) -> tuple[AttentionKernel, ...]:
+    """``gpu.other_attention_kernels``: a list of further kernel tables (each as ``gpu.attention_kernel``)."""
+    if d is None:
+        return ()
+    if not isinstance(d, list):
+        raise PlannerError("must be a list of kernel tables", source=source, field="gpu.other_attention_kernels",
+                           fix=_FORMAT_FIX)
+    return tuple(_attention_kernel(k, source, f"gpu.other_attention_kernels[{i}]") for i, k in enumerate(d))
 
 
 def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
@@ -387,6 +430,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         expert_gemm_call_s=_per_precision(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us",
                                           maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS),
         attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
+        other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
     )
     node = data.get("node")
     if not isinstance(node, dict):
@@ -418,3 +462,16 @@ def _library_name(data: dict, source: str) -> str:
         raise PlannerError(f"must be a library name or path, got {name!r}", source=source,
                            field="collective_library", fix="e.g. \"nccl-2.30\" (files in collectives/)")
     return name
+
+
+def check_attention_kernel(gpu: GPU, profile: str, name: str, option: str = "--attention-kernel") -> None:
+    """Refuse an explicitly named attention kernel that is unknown, or that ``profile`` (whose GPU is ``gpu``) has
+    kernel tables but none for (a stack's choice instead falls back to the profile's default table)."""
+    if name not in ATTENTION_KERNELS:
+        raise PlannerError(f"unknown attention kernel '{name}'", source=option,
+                           fix=f"use one of: {', '.join(ATTENTION_KERNELS)}")
+    names = gpu.attention_kernel_names()
+    if names and name not in names:
+        raise PlannerError(f"profile {profile} has no table for attention kernel '{name}'", source=option,
+                           fix=f"use one of its kernels ({', '.join(names)}), or add the table to "
+                               f"gpu.other_attention_kernels (python -m planner.validation.attention_fit)")

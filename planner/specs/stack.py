@@ -16,15 +16,16 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.specs.config import CP_KINDS, ZERO_STAGES, RunConfig
+from planner.specs.hardware import ATTENTION_KERNELS
 from planner.specs.model import _data_dir, _resolve, read_json_file
 
 #: the stack a command uses when none is given: what NeMo and Megatron-Bridge recipes run
 DEFAULT_STACK = "megatron-core"
 #: --grad-reduce-dtype values and the bytes per element they mean
 GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
-#: the option fields of a stack file
+#: the option fields of a stack file (``attention_kernel`` optional: "" = each profile's default table)
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-               "grad_reduce_dtype")
+               "grad_reduce_dtype", "attention_kernel")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -60,12 +61,15 @@ class Stack:
     ep_comm_overlap_choices: tuple[bool, ...] = (False,)
     #: the ZeRO stages it runs HSDP with (``runs.hsdp_zero_stages``; absent or empty: no HSDP)
     hsdp_zero_stages: tuple[int, ...] = ()
+    #: the fused attention kernel it runs (``options.attention_kernel``, ``hardware.ATTENTION_KERNELS``; "" = each
+    #: profile's default table). A profile without that kernel's table prices the default one
+    attention_kernel: str = ""
 
     def options(self) -> dict[str, Any]:
         """The RunConfig runtime options this stack runs with."""
         return {"flash_attention": self.flash_attention, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
-                "grad_reduce_bytes": self.grad_reduce_bytes}
+                "grad_reduce_bytes": self.grad_reduce_bytes, "attention_kernel": self.attention_kernel}
 
     def apply(self, cfg: RunConfig, **overrides: Any) -> RunConfig:
         """``cfg`` with the stack's runtime options, then the given overrides (None: keep the stack's); TP overlap
@@ -130,6 +134,10 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     zero_stages = _list(runs, "zero_stages", ZERO_STAGES, source, int)
     if not zero_stages:
         raise PlannerError("needs at least one ZeRO stage", source=source, field="runs.zero_stages")
+    kernel = opts.get("attention_kernel", "")
+    if kernel not in ("",) + ATTENTION_KERNELS:
+        raise PlannerError(f"unknown attention kernel {kernel!r}", source=source, field="options.attention_kernel",
+                           fix=f"use one of: {', '.join(ATTENTION_KERNELS)}")
     tpo_choices = _list(runs, "tp_comm_overlap", (True, False), source, bool)
     tpo = _bool(opts, "tp_comm_overlap", source, "options")
     if tpo and True not in tpo_choices:
@@ -146,4 +154,5 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         ep_comm_overlap_choices=(_list(runs, "ep_comm_overlap", (True, False), source, bool) or (False,))
         if "ep_comm_overlap" in runs else (False,),
         hsdp_zero_stages=_list(runs, "hsdp_zero_stages", tuple(z for z in ZERO_STAGES if z >= 1), source, int)
-        if "hsdp_zero_stages" in runs else ())
+        if "hsdp_zero_stages" in runs else (),
+        attention_kernel=kernel)

@@ -4,15 +4,18 @@
     python -m planner.validation.attention_fit --write    # and store the table, with its rows, in the profiles
 
 The kernel model is :func:`planner.cost.compute.attention_work_factor` (tiles of ``TILE_TOKENS`` query rows, a fixed
-cost per query-tile row, an extra cost per masked tile). Per direction and head dimension, the plateau rate and the
+cost per query-tile row, an extra cost per masked tile) and :func:`planner.cost.compute.causal_rate_ratio` (a causal
+call's full tiles at a share of the unmasked rate). Per direction and head dimension, the plateau rate and the
 row cost are fitted on the kernel's speed without a mask over 512 to 16K tokens (least squares of the relative
-error; the row cost on a grid, the plateau in closed form); the masked-tile cost, one number per kernel, on the
-forward speed with a causal mask. Rows marked "check" are never fitted. Each kernel with rows is fitted; a profile
-stores the table of the kernel its default stack runs (:data:`TARGETS`: Megatron-Core's Transformer Engine runs
-cuDNN's fused attention on Hopper). The H100 table is carried to the profiles of the same die (H200, H800);
-Blackwell has no published per-shape table this project could quote, so B200 and GB200 carry the Hopper shape
-(row and mask costs, the head dimensions' ratio) at the level of their own ``attention_efficiency`` at the
-reference shape (:data:`REFERENCE`), which is what those profiles stated before.
+error; the row cost on a grid, the plateau in closed form); the masked-tile cost and the causal rate share, two
+numbers per kernel, on the forward speed with a causal mask at head dim 64 (the head-dim-128 causal panel is a
+check). Rows marked "check" are never fitted. Each kernel with rows is fitted and stored in the profile: the
+kernel its default stack runs as ``gpu.attention_kernel`` (:data:`TARGETS`: Megatron-Core's Transformer Engine
+runs cuDNN's fused attention on Hopper), the others as ``gpu.other_attention_kernels`` (a stack or
+``--attention-kernel`` selects them). The H100 tables are carried to the profiles of the same die (H200, H800);
+Blackwell has no published per-shape table this project could quote, so B200 and GB200 carry the default kernel's
+Hopper shape (row and mask costs, causal share, the head dimensions' ratio) at the level of their own
+``attention_efficiency`` at the reference shape (:data:`REFERENCE`), which is what those profiles stated before.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ RUNS_FILE = Path(__file__).with_name("attention_kernels.json")
 TILE_TOKENS = 128
 #: row costs tried (tiles), the grid's step is the fit's resolution
 ROW_GRID = np.round(np.arange(0.0, 8.0001, 0.01), 2)
-MASK_GRID = np.round(np.arange(0.0, 4.0001, 0.01), 2)
+MASK_GRID = np.round(np.arange(0.0, 4.0001, 0.02), 2)
+CAUSAL_RATIO_GRID = np.round(np.arange(0.80, 1.0001, 0.005), 3)
+#: the kernel id (``planner.specs.hardware.ATTENTION_KERNELS``) of each kernel name the published rows use
+KERNEL_IDS = {"cuDNN": "cudnn", "FlashAttention-2": "flash-attention-2", "FlashAttention-3": "flash-attention-3"}
 #: the shape at which a carried table takes its level from the profile's ``attention_efficiency``: a causal,
 #: head-dim-128 layer of 4,096 tokens, forward + backward (the shape of most published runs the profiles' single
 #: efficiency described)
@@ -92,7 +98,9 @@ def kernels(profile: str, rows: list[dict] | None = None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def fit(profile: str, kernel_name: str, rows: list[dict] | None = None) -> KernelFit:
+def fit(profile: str, kernel_name: str, rows: list[dict] | None = None, causal_share: bool = True) -> KernelFit:
+    """Fit ``kernel_name``'s table on ``profile``'s fitting rows; ``causal_share=False`` holds causal calls at the
+    unmasked rate (the model without :func:`planner.cost.compute.causal_rate_ratio`, for comparison)."""
     rows = [r for r in (rows if rows is not None else load_rows())
             if r["profile"] == profile and r["kernel"] == kernel_name and r["use"] == "fit"]
     open_rows = [r for r in rows if not r["causal"]]
@@ -103,23 +111,25 @@ def fit(profile: str, kernel_name: str, rows: list[dict] | None = None) -> Kerne
             [row] = [r for r in open_rows if r["direction"] == direction and r["head_dim"] == hd]
             table[direction, hd] = _fit_plateau_and_row(row)
 
-    def kernel(mask_extra: float) -> AttentionKernel:
+    def kernel(mask_extra: float, causal_ratio: float) -> AttentionKernel:
         return AttentionKernel(
-            name=open_rows[0]["kernel"], tile_tokens=TILE_TOKENS, head_dims=tuple(float(d) for d in dims),
+            name=KERNEL_IDS[open_rows[0]["kernel"]], tile_tokens=TILE_TOKENS, head_dims=tuple(float(d) for d in dims),
             fwd_plateau_flops=tuple(table["forward", d][0] * TFLOPS for d in dims),
             fwd_row_overhead_tiles=tuple(table["forward", d][1] for d in dims),
             bwd_plateau_flops=tuple(table["backward", d][0] * TFLOPS for d in dims),
             bwd_row_overhead_tiles=tuple(table["backward", d][1] for d in dims),
-            masked_tile_extra=mask_extra, end_to_end_ratio=1.0)
+            masked_tile_extra=mask_extra, end_to_end_ratio=1.0, causal_plateau_ratio=causal_ratio)
 
     causal = [r for r in rows if r["causal"]]
 
-    def masked_error(d: float) -> float:
-        return sum(float(np.sum((predicted_tflops(kernel(d), r) / np.asarray(r["tflops"]) - 1.0) ** 2))
+    def masked_error(dr: tuple[float, float]) -> float:
+        return sum(float(np.sum((predicted_tflops(kernel(*dr), r) / np.asarray(r["tflops"]) - 1.0) ** 2))
                    for r in causal)
 
-    d = float(min(MASK_GRID, key=masked_error)) if causal else 0.0
-    return KernelFit(profile, kernel(d), tuple(r["id"] for r in rows))
+    d, ratio = min(((float(d), float(r)) for d in MASK_GRID for r in (CAUSAL_RATIO_GRID if causal_share else (1.0,))),
+                   key=masked_error) \
+        if causal else (0.0, 1.0)
+    return KernelFit(profile, kernel(d, ratio), tuple(r["id"] for r in rows))
 
 
 def row_errors(kernel: AttentionKernel, row: dict) -> list[float]:
@@ -144,6 +154,7 @@ def _section(kernel: AttentionKernel, scale: float, ratio: float, provenance: di
         "backward": {"plateau_tflops": [round(v * scale / TFLOPS, 1) for v in kernel.bwd_plateau_flops],
                      "row_overhead_tiles": list(kernel.bwd_row_overhead_tiles)},
         "masked_tile_extra": kernel.masked_tile_extra,
+        "causal_plateau_ratio": kernel.causal_plateau_ratio,
         "end_to_end_ratio": ratio,
         **provenance,
     }
@@ -154,16 +165,27 @@ def _pct(errors) -> str:
     return f"mean {100 * a.mean():.1f}%, max {100 * a.max():.1f}%"
 
 
-def write(f: KernelFit, same_die: tuple[str, ...], shape_only: tuple[str, ...]) -> None:
-    rows = load_rows()
+def _provenance(f: KernelFit, rows: list[dict]) -> dict:
     fitted = [e for r in rows if r["id"] in f.rows for e in row_errors(f.kernel, r)]
-    checks = [e for r in rows if r["profile"] == f.profile and r["kernel"] == f.kernel.name and r["use"] == "check"
-              for e in row_errors(f.kernel, r)]
-    base = load_cluster(f.profile).gpu
-    ratio = END_TO_END[f.profile]
+    checks = [e for r in rows if r["profile"] == f.profile and KERNEL_IDS[r["kernel"]] == f.kernel.name
+              and r["use"] == "check" for e in row_errors(f.kernel, r)]
     method = ("planner/validation/attention_fit.py: per direction and head dimension, plateau and row cost "
-              "least-squares on the unmasked rows; the masked-tile cost on the causal rows")
-    for name in (f.profile,) + same_die + shape_only:
+              "least-squares on the unmasked rows; the masked-tile cost and the causal rate share on the causal rows")
+    return {"fitted_on": list(f.rows), "method": method, "fit_error": _pct(fitted),
+            "independent_check_error": _pct(checks) if checks else "none"}
+
+
+def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...], shape_only: tuple[str, ...]) -> None:
+    """Store ``fits`` (one profile's kernels) in it and the profiles of the same die: the ``default`` kernel's
+    table as ``gpu.attention_kernel``, the others as ``gpu.other_attention_kernels``; ``shape_only`` profiles get
+    the default kernel's shape at their own level."""
+    rows = load_rows()
+    [main] = [f for f in fits if f.kernel.name == default]
+    others = [f for f in fits if f is not main]
+    profile = main.profile
+    base = load_cluster(profile).gpu
+    ratio = END_TO_END[profile]
+    for name in (profile,) + same_die + shape_only:
         path = hardware_profiles_dir() / f"{name}.json"
         data = json.loads(path.read_text())
         gpu = data["gpu"]
@@ -171,20 +193,21 @@ def write(f: KernelFit, same_die: tuple[str, ...], shape_only: tuple[str, ...]) 
             # the Hopper shape at this profile's own level: plateaus scaled so the reference shape's efficiency is
             # the profile's attention_efficiency
             target = float(gpu["attention_efficiency"])
-            scale = target / (reference_efficiency(f.kernel, base.peak_flops) * ratio) * \
+            scale = target / (reference_efficiency(main.kernel, base.peak_flops) * ratio) * \
                 (float(gpu["peak_bf16_tflops"]) / (base.peak_flops / TFLOPS))
-            provenance = {"level": f"shape (row and mask costs, head dims' ratio) carried from {f.profile}'s "
-                                   f"fitted table; plateaus scaled so a causal head-dim-128 layer of 4,096 "
-                                   f"tokens, forward + backward, runs at this profile's attention_efficiency "
+            provenance = {"level": f"shape (row and mask costs, causal share, head dims' ratio) carried from "
+                                   f"{profile}'s fitted table; plateaus scaled so a causal head-dim-128 layer of "
+                                   f"4,096 tokens, forward + backward, runs at this profile's attention_efficiency "
                                    f"({target}): no per-shape table published for this GPU was found",
-                          "carried_from": f.profile}
+                          "carried_from": profile}
+            gpu["attention_kernel"] = _section(main.kernel, scale, ratio, provenance)
+            gpu.pop("other_attention_kernels", None)
         else:
-            scale = 1.0
-            provenance = {"fitted_on": list(f.rows), "method": method,
-                          "fit_error": _pct(fitted), "independent_check_error": _pct(checks) if checks else "none"}
-            if name != f.profile:
-                provenance = {"carried_from": f.profile, "note": "same GH100 die and clocks: not refitted"}
-        gpu["attention_kernel"] = _section(f.kernel, scale, ratio, provenance)
+            def prov(f: KernelFit) -> dict:
+                return _provenance(f, rows) if name == profile else \
+                    {"carried_from": profile, "note": "same GH100 die and clocks: not refitted"}
+            gpu["attention_kernel"] = _section(main.kernel, 1.0, ratio, prov(main))
+            gpu["other_attention_kernels"] = [_section(f.kernel, 1.0, ratio, prov(f)) for f in others]
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -194,11 +217,14 @@ def main() -> None:
     args = ap.parse_args()
     rows = load_rows()
     for profile, stored, same_die, shape_only in TARGETS:
+        fits = []
         for name in kernels(profile, rows):
             f = fit(profile, name, rows)
+            fits.append(f)
             k = f.kernel
-            print(f"{profile}: {k.name}{' (stored in the profile)' if name == stored else ''}, tile "
-                  f"{k.tile_tokens:g}, masked-tile extra {k.masked_tile_extra:.2f}")
+            print(f"{profile}: {k.name}{' (the default table)' if name == stored else ''}, tile "
+                  f"{k.tile_tokens:g}, masked-tile extra {k.masked_tile_extra:.2f}, causal rate share "
+                  f"{k.causal_plateau_ratio:.3f}")
             for i, hd in enumerate(k.head_dims):
                 print(f"  head dim {hd:g}: forward {k.fwd_plateau_flops[i] / TFLOPS:.1f} TFLOP/s, row "
                       f"{k.fwd_row_overhead_tiles[i]:.2f} tiles; backward {k.bwd_plateau_flops[i] / TFLOPS:.1f}, row "
@@ -209,8 +235,8 @@ def main() -> None:
                       f"   ({_pct(errs)})")
             print(f"  reference efficiency (x end-to-end {END_TO_END[profile]}): "
                   f"{reference_efficiency(k, load_cluster(profile).gpu.peak_flops) * END_TO_END[profile]:.3f}")
-            if args.write and name == stored:
-                write(f, same_die, shape_only)
+        if args.write:
+            write(fits, KERNEL_IDS[stored], same_die, shape_only)
 
 
 if __name__ == "__main__":
