@@ -65,6 +65,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({"packed_attention_cv": cfg.packed_attention_cv} if cfg.packed_attention_cv else {}),
             **({"offload_modules": cfg.offload_modules} if cfg.offload_modules else {}),
             **({"attention_kernel": cfg.attention_kernel} if cfg.attention_kernel else {}),
+            **({} if cfg.per_expert_gemm_calls else {"per_expert_gemm_calls": False}),
         },
     }
 

@@ -357,6 +357,31 @@ def test_expert_gemms_are_issued_one_per_local_expert():
     assert calls == {"experts_in": 16.0, "experts_out": 16.0}  # 128 experts over EP 8
 
 
+def test_a_stack_with_one_grouped_kernel_issues_no_per_expert_calls():
+    """torchtitan runs the local experts as one torch._grouped_mm (stacks/torchtitan.json per_expert_gemm_calls
+    false): its expert linears carry no per-expert calls, so the grouped GEMM takes its kernel time only; on the
+    issue-bound Qwen3-30B-A3B layer (H100 fp8, 16 local experts at micro-batch 1) Megatron-Core's step is much
+    longer, on a dense model the two settings give the same step; the plan JSON keeps the setting."""
+    from planner.plan import config_from_dict, plan_dict
+    from planner.specs.stack import load_stack
+
+    assert [load_stack(s).per_expert_gemm_calls for s in ("megatron-core", "torchtitan", "deepspeed")] == \
+        [True, False, True]
+    model = load_model(QWEN3_30B)
+    h100 = load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=16, ep=16, global_batch_size=1024, seq_len=4096, precision="fp8")
+    grouped = cfg.with_(per_expert_gemm_calls=False)
+    assert not any(np.any(o.expert_calls) for o in layer_ops(model, grouped, MOE_LAYER))
+    bare = replace(h100, gpu=replace(h100.gpu, expert_gemm_call_s=()))
+    assert estimate(model, h100, grouped).step_time_s == pytest.approx(estimate(model, bare, cfg).step_time_s)
+    assert estimate(model, h100, cfg).step_time_s > 1.5 * estimate(model, h100, grouped).step_time_s
+    dense = load_model("llama-3.1-8b")
+    d = RunConfig(num_gpus=8, global_batch_size=64, seq_len=4096, precision="fp8")
+    assert estimate(dense, h100, d).step_time_s == estimate(dense, h100, d.with_(per_expert_gemm_calls=False)).step_time_s
+    back = config_from_dict(plan_dict(model, h100.name, grouped, estimate(model, h100, grouped)))
+    assert back.per_expert_gemm_calls is False and back == grouped.with_(layers_per_stage=(48,))
+
+
 def test_issue_bound_expert_gemms_take_the_issue_time_and_large_ones_their_kernel_time():
     """Qwen3-30B-A3B on B200 at micro-batch 1: each expert's GEMM (2048 tokens x 2048 x 1536 in mxfp8) is a few
     microseconds of tensor-core work, far below the profile's fitted issue time, so the grouped GEMM takes

@@ -113,6 +113,10 @@ def estimate(
     grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
     attention_kernel: str = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
+    per_expert_gemm_calls: bool = typer.Option(None, "--per-expert-gemm-calls/--grouped-expert-gemm",
+                                               help="MoE: the stack issues one GEMM per local expert from the host "
+                                                    "(Megatron-Core + Transformer Engine) or one grouped kernel "
+                                                    "(torchtitan's torch._grouped_mm); default: the stack's"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     fused_cross_entropy: bool = typer.Option(True, "--fused-cross-entropy/--no-fused-cross-entropy",
                                              help="Loss cross-entropy fused (Megatron --cross-entropy-loss-fusion) "
@@ -160,7 +164,7 @@ def estimate(
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),
-                          attention_kernel=attention_kernel)
+                          attention_kernel=attention_kernel, per_expert_gemm_calls=per_expert_gemm_calls)
     est = estimate_config(spec, hw, cfg)
     data = None
     if dist is not None:

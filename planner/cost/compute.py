@@ -195,9 +195,12 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         etp = cfg.expert_tp
         local = model.num_experts / cfg.ep
         m_e = T * k / local * expert_tp_token_share(cfg)
+        # host calls of the grouped GEMM: one per local expert where the stack loops over them
+        # (RunConfig.per_expert_gemm_calls), none that can bind where one grouped kernel runs them all
+        calls = np.where(np.asarray(cfg.per_expert_gemm_calls, dtype=bool), local, 0.0)
         ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe",
-                       expert_calls=local)
-        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", expert_calls=local)
+                       expert_calls=calls)
+        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", expert_calls=calls)
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
             ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg, module="moe")

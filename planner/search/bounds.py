@@ -283,7 +283,8 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
                                     recompute_modules=space.recompute_modules,
                                     ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
                                     packed_doc_len=space.packed_doc_len, offload_modules=space.offload_modules,
-                                    attention_kernel=space.attention_kernel)
+                                    attention_kernel=space.attention_kernel,
+                                    per_expert_gemm_calls=space.per_expert_gemm_calls)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

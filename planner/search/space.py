@@ -73,6 +73,8 @@ class SearchSpace:
     precision: str = "bf16"
     #: the attention kernel (config.RunConfig.attention_kernel: the stack's, not searched; "" = the profile's)
     attention_kernel: str = ""
+    #: how the stack issues grouped expert GEMMs (config.RunConfig.per_expert_gemm_calls: the stack's, not searched)
+    per_expert_gemm_calls: bool = True
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     #: packed variable-length documents: their token-weighted mean length (config.RunConfig.packed_doc_len; the
@@ -394,6 +396,7 @@ class Space:
     partial_recompute: bool
     precision: str = "bf16"
     attention_kernel: str = ""
+    per_expert_gemm_calls: bool = True
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     packed_doc_len: float = 0.0
     packed_attention_cv: float = 0.0
@@ -562,7 +565,8 @@ class Space:
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
             schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
-            attention_kernel=self.attention_kernel, recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
+            attention_kernel=self.attention_kernel, per_expert_gemm_calls=self.per_expert_gemm_calls,
+            recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
             packed_attention_cv=self.packed_attention_cv,
             offload_modules=self.offload_modules,
             **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
@@ -584,7 +588,7 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
                  global_batch=global_batch, seq_len=seq_len, zero_stages=zero_stages,
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
-                 attention_kernel=space.attention_kernel,
+                 attention_kernel=space.attention_kernel, per_expert_gemm_calls=space.per_expert_gemm_calls,
                  partial_divides=space.recompute_count_divides,
                  recompute_modules=space.recompute_modules, packed_doc_len=space.packed_doc_len,
                  packed_attention_cv=space.packed_attention_cv,

@@ -120,6 +120,11 @@ class RunConfig:
     #: the fused attention kernel that runs (a hardware profile's table name, ``hardware.ATTENTION_KERNELS``; the
     #: stack's choice or ``--attention-kernel``); "" = the profile's default table
     attention_kernel: str = ""
+    #: the stack issues a MoE layer's grouped expert GEMM as one host call per local expert (Transformer Engine's
+    #: GroupedLinear in Megatron-Core, DeepSpeed-MoE's expert loop), so that GEMMs shorter than their issue leave the
+    #: GPU waiting (``GPU.expert_gemm_call_s``); False: one grouped kernel over all local experts (torchtitan's
+    #: torch._grouped_mm)
+    per_expert_gemm_calls: bool = True
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
     #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them
@@ -192,7 +197,8 @@ class RunConfig:
 #: columns of a :class:`ConfigBatch`
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
-                "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel")
+                "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel",
+                "per_expert_gemm_calls")
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,6 +228,7 @@ class ConfigBatch:
     packed_doc_len: np.ndarray
     offload_modules: np.ndarray
     attention_kernel: np.ndarray
+    per_expert_gemm_calls: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -233,7 +240,7 @@ class ConfigBatch:
         kinds = {"tp": np.int64, "cp": np.int64, "ep": np.int64, "micro_batch_size": np.int64, "seq_len": np.int64,
                  "expert_tp": np.int64,
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
-                 "fused_cross_entropy": bool, "packed_doc_len": float}
+                 "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 

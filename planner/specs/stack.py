@@ -25,7 +25,7 @@ DEFAULT_STACK = "megatron-core"
 GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
 #: the option fields of a stack file (``attention_kernel`` optional: "" = each profile's default table)
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-               "grad_reduce_dtype", "attention_kernel")
+               "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -64,12 +64,16 @@ class Stack:
     #: the fused attention kernel it runs (``options.attention_kernel``, ``hardware.ATTENTION_KERNELS``; "" = each
     #: profile's default table). A profile without that kernel's table prices the default one
     attention_kernel: str = ""
+    #: whether it issues grouped expert GEMMs one local expert at a time (``options.per_expert_gemm_calls``;
+    #: absent: true, as Megatron-Core with Transformer Engine does)
+    per_expert_gemm_calls: bool = True
 
     def options(self) -> dict[str, Any]:
         """The RunConfig runtime options this stack runs with."""
         return {"flash_attention": self.flash_attention, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
-                "grad_reduce_bytes": self.grad_reduce_bytes, "attention_kernel": self.attention_kernel}
+                "grad_reduce_bytes": self.grad_reduce_bytes, "attention_kernel": self.attention_kernel,
+                "per_expert_gemm_calls": self.per_expert_gemm_calls}
 
     def apply(self, cfg: RunConfig, **overrides: Any) -> RunConfig:
         """``cfg`` with the stack's runtime options, then the given overrides (None: keep the stack's); TP overlap
@@ -155,4 +159,6 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         if "ep_comm_overlap" in runs else (False,),
         hsdp_zero_stages=_list(runs, "hsdp_zero_stages", tuple(z for z in ZERO_STAGES if z >= 1), source, int)
         if "hsdp_zero_stages" in runs else (),
-        attention_kernel=kernel)
+        attention_kernel=kernel,
+        per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options")
+        if "per_expert_gemm_calls" in opts else True)
