@@ -48,6 +48,12 @@ EXTRA = [
          recompute_modules="layernorm,mla_up_proj,moe_act"),
     dict(model="llama-3.1-8b", num_gpus=16, tp=2, pp=2, global_batch_size=32, seq_len=8192,
          layers_per_stage=(15, 17), recompute_modules="core_attn,layernorm,mlp"),
+    # the kernel and fp8-weight options of the megatron-core stack: --attention-backend, --fp8-param-gather (and the
+    # grad-buffer reuse DistributedDataParallelConfig asks of mxfp8)
+    dict(model="llama-3.1-8b", num_gpus=16, tp=2, global_batch_size=32, seq_len=8192, precision="fp8",
+         fp8_param_gather=True, attention_kernel="cudnn"),
+    dict(model="llama-3.1-8b", num_gpus=16, tp=2, global_batch_size=32, seq_len=8192, precision="mxfp8",
+         fp8_param_gather=True, attention_kernel="flash-attention-3"),
 ]
 
 
@@ -176,10 +182,17 @@ def test_megatron_core_accepts_every_export(name, plan, text):
         assert layout.pipeline_model_parallel_size == par["pp"]
     if par["zero_stage"] <= 1:
         assert ddp.use_distributed_optimizer == (par["zero_stage"] == 1)
+    opts = plan["options"]
+    if opts.get("fp8_param_gather") and opts.get("precision") in ("fp8", "mxfp8") and par["zero_stage"] >= 1:
+        assert ddp.fp8_param_gather and ddp.reuse_grad_buf_for_mxfp8_param_ag == (opts["precision"] == "mxfp8")
+    if opts.get("attention_kernel"):  # Megatron-Core's AttnBackend, as Megatron-LM's parser makes it
+        assert tf.attention_backend.name == {"cudnn": "fused"}.get(opts["attention_kernel"], "flash")
 
 
 def test_the_extra_spread_covers_what_it_says():
     assert len(MEGATRON_PLANS) >= len(EXTRA) + 5
     assert any("moe" in s.get("recompute_modules", "") for s in EXTRA)
     assert any(s.get("ep_comm_overlap") for s in EXTRA) and any(s.get("layers_per_stage") for s in EXTRA)
+    assert any(s.get("fp8_param_gather") and s.get("precision") == "mxfp8" for s in EXTRA)
+    assert {s.get("attention_kernel") for s in EXTRA} >= {"cudnn", "flash-attention-3"}
     assert CONFIGS  # the launchers' spread is shared

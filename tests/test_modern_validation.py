@@ -140,7 +140,8 @@ def test_the_fitted_expert_issue_times_are_what_the_fit_computes(profiles, preci
     value and rows. On Blackwell (6 rows) it generalizes across model families (refit without DeepSeek, or without
     Qwen3, the left-out family's rows stay within 12%); across sources it cannot be checked there, every row that
     moves it being from one release. On H100 (3 rows, one with fine-grained experts) it does not: refit on
-    DeepSeek-V3 alone the Qwen3 rows are 17-30% off; the README reports both."""
+    DeepSeek-V3 alone the Qwen3 rows are 17-35% off (2026-12-05, after the fp8 parameter gather; 17-30% before);
+    the README reports both."""
     from planner.specs.hardware import hardware_profiles_dir
     from planner.validation.fit import fit_call
 
@@ -156,7 +157,7 @@ def test_the_fitted_expert_issue_times_are_what_the_fit_computes(profiles, preci
     if generalizes:
         assert sum(abs(e) for e in left_out) / len(left_out) < 0.10 and max(abs(e) for e in left_out) < 0.15
     else:
-        assert max(abs(e) for e in left_out) < 0.35
+        assert max(abs(e) for e in left_out) < 0.40
 
 
 def test_fine_grained_moe_rows_after_the_expert_issue_fit():

@@ -117,6 +117,10 @@ def estimate(
                                                help="MoE: the stack issues one GEMM per local expert from the host "
                                                     "(Megatron-Core + Transformer Engine) or one grouped kernel "
                                                     "(torchtitan's torch._grouped_mm); default: the stack's"),
+    fp8_param_gather: bool = typer.Option(None, "--fp8-param-gather/--no-fp8-param-gather",
+                                          help="fp8 runs: the linear weights kept and all-gathered in fp8 by the "
+                                               "sharded optimizer / FSDP (Megatron --fp8-param-gather; default: the "
+                                               "stack's)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     fused_cross_entropy: bool = typer.Option(True, "--fused-cross-entropy/--no-fused-cross-entropy",
                                              help="Loss cross-entropy fused (Megatron --cross-entropy-loss-fusion) "
@@ -164,7 +168,8 @@ def estimate(
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),
-                          attention_kernel=attention_kernel, per_expert_gemm_calls=per_expert_gemm_calls)
+                          attention_kernel=attention_kernel, per_expert_gemm_calls=per_expert_gemm_calls,
+                          fp8_param_gather=fp8_param_gather)
     est = estimate_config(spec, hw, cfg)
     data = None
     if dist is not None:

@@ -136,22 +136,40 @@ class DPCollectives:
         return (2 * self.units - 1) * self.unit_all_gather_s + self.units * self.unit_reduce_scatter_s
 
 
+#: bytes per element of a linear layer's weight all-gathered in fp8 (Transformer Engine's Float8Tensor; its scale
+#: is one number per tensor)
+FP8_WEIGHT_BYTES = 1
+
+
+def gathered_linear_weight_bytes(precision, fp8_param_gather):
+    """Bytes per element the sharded optimizer / FSDP all-gathers of a linear layer's weight: 1 where the weights
+    are kept in per-tensor fp8 and gathered so (``RunConfig.fp8_param_gather`` with ``precision`` "fp8"; Megatron-Core
+    param_and_grad_buffer.py gathers Float8Tensor parameters' fp8 data), else bf16's 2 (mxfp8 parameters are
+    gathered in bf16 into the reused gradient buffer and cast to MXFP8 after: the same file,
+    reuse_grad_buf_for_mxfp8_param_ag)."""
+    on = np.asarray(fp8_param_gather, dtype=bool) & (np.asarray(precision) == "fp8")
+    return np.where(on, FP8_WEIGHT_BYTES, WEIGHT_BYTES)
+
+
 def dp_collectives(cluster: Cluster, dense_group: comm.GroupPlacement, expert_group: comm.GroupPlacement,
-                   dense_params, expert_params, grad_reduce_bytes, units=1.0, replica_groups=None) -> DPCollectives:
+                   dense_params, expert_params, grad_reduce_bytes, units=1.0, replica_groups=None,
+                   weight_bytes=(WEIGHT_BYTES, WEIGHT_BYTES)) -> DPCollectives:
     """NCCL collectives (``planner.cost.comm``) over the dense and expert DP groups for the given parameters, added
-    up; the gradients travel at ``grad_reduce_bytes`` per element, the weights in bf16. Per group, the buffers
+    up; the gradients travel at ``grad_reduce_bytes`` per element, the weights at ``weight_bytes`` (dense, expert:
+    bytes per element, bf16's 2 unless the linear layers' weights are gathered in fp8,
+    :func:`gathered_linear_weight_bytes`). Per group, the buffers
     (gradients, weights; whole, and one of ``units`` equal ZeRO-3 units) go through one reduce-scatter evaluation
     along a leading axis (the all-gather is the same ring); the all-reduce is NCCL's fastest algorithm
     (``comm.all_reduce_s``: ring, tree or NVLink SHARP)."""
     units = np.maximum(np.asarray(units, dtype=float), 1.0)
 
-    def per_group(group: comm.GroupPlacement, params):
-        whole_grad, whole_weight = params * grad_reduce_bytes, params * WEIGHT_BYTES
+    def per_group(group: comm.GroupPlacement, params, bytes_per_weight):
+        whole_grad, whole_weight = params * grad_reduce_bytes, params * bytes_per_weight
         buffers = np.stack(np.broadcast_arrays(whole_grad, whole_weight, whole_grad / units, whole_weight / units))
         return comm.reduce_scatter_s(cluster, group, buffers)
 
-    rs_dense, ag_dense, urs_dense, uag_dense = per_group(dense_group, dense_params)
-    rs_expert, ag_expert, urs_expert, uag_expert = per_group(expert_group, expert_params)
+    rs_dense, ag_dense, urs_dense, uag_dense = per_group(dense_group, dense_params, weight_bytes[0])
+    rs_expert, ag_expert, urs_expert, uag_expert = per_group(expert_group, expert_params, weight_bytes[1])
     if replica_groups is not None:
         # HSDP (Zhao et al. 2023, "PyTorch FSDP", Sec. 3.2.2, hybrid sharding): after the reduce-scatter inside the
         # shard group, each GPU all-reduces its gradient shard with the replicas of its shard (in the same window)

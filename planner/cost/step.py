@@ -19,8 +19,9 @@ from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_co
                                   recomputed)
 from planner.cost.context_parallel import NO_CP, cp_layer_cost, mamba_cp_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
-                                        expert_shard_degree, exposed_s, optimizer_step_s, packed_wait_s)
-from planner.cost.memory import (StageParams, activation_bytes_per_layer, embedding_activation_bytes,
+                                        expert_shard_degree, exposed_s, gathered_linear_weight_bytes,
+                                        optimizer_step_s, packed_wait_s)
+from planner.cost.memory import (WEIGHT_BYTES, StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  offloaded_bytes_per_layer, vision_projector_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes, mtp_projection_activation_bytes, zero_sharded_params)
@@ -617,7 +618,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
             n_full = np.minimum(n, np.asarray(cfg.recompute_layers_per_stage, dtype=float))
     selective = cfg.recompute == "selective"
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
-                                         "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb", "attn")}
+                                         "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb", "attn",
+                                         "end_params")}
     workspace_j, largest_j = np.zeros(n_stages), np.zeros(n_stages)
     for k, lc in enumerate(kind_costs):
         count, full_here = kind_in(k, n), kind_in(k, n_full)
@@ -660,6 +662,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     q["bwd_w"][0] += ends.emb_bwd_s
     q["comp"][0] += ends.emb_fwd_s + ends.emb_bwd_s
     q["dense_params"][0] += emb_params
+    q["end_params"][0] += emb_params
     q["act"][0] += ends.act_emb_bytes
     last = n_stages - 1
     q["fwd"][last] += ends.head_fwd_s + head_tp
@@ -668,6 +671,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     q["comp"][last] += ends.head_fwd_s + (ends.head_bwd_input_s + ends.head_bwd_weight_s)
     q["tpc"][last] += 2 * head_tp
     q["dense_params"][last] += head_params_gpu
+    q["end_params"][last] += head_params_gpu
     workspace_j[last] = max(workspace_j[last], ends.head_act_bytes)
     # --- per pipeline rank: its chunks (the schedule's placement; DualPipe: a stage and its mirror) added up
     chunks = np.array([sched.stages_of(p, v, r) for r in range(p)])
@@ -696,8 +700,14 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
     dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, copies, p, cfg.dp_shard)
     units = np.asarray(layers, dtype=float)[chunks].sum(axis=1)  # ZeRO-3 units: the rank's layers
+    # the decoder layers' weights gather at the linear layers' bytes (their norms and biases, under 1%, with them),
+    # the embedding and the LM head in bf16
+    linear_b = float(gathered_linear_weight_bytes(cfg.precision, cfg.fp8_param_gather))
+    end_p = rank["end_params"]
+    dense_b = (linear_b * (dense_p - end_p) + WEIGHT_BYTES * end_p) / np.maximum(dense_p, 1.0)
     coll = dp_collectives(cluster, dp_group, edp_group, dense_p, expert_p, cfg.grad_reduce_bytes, units,
-                          hsdp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, cfg.dp_shard))
+                          hsdp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, cfg.dp_shard),
+                          weight_bytes=(dense_b, linear_b))
     t_dp = dp_exposed_s(coll, cfg.zero_stage, rank["fwd"], rank["bwd_in"] + rank["bwd_w"], rank["rec"], passes,
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
                         gpu.comm_overlap_interference)

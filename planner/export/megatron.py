@@ -221,6 +221,10 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         args.append("--grad-reduce-in-bf16")
     if cfg.fused_cross_entropy:  # off by default in Megatron-LM: the plan was costed with the fused loss
         args.append("--cross-entropy-loss-fusion")
+    if fp8_param_gather(cfg):  # validate_args: only with the distributed optimizer or FSDP
+        args.append("--fp8-param-gather")
+        if cfg.precision == "mxfp8":  # DistributedDataParallelConfig: MXFP8 params gathered in the grad buffer
+            args.append("--reuse-grad-buf-for-mxfp8-param-ag")
     if attention_backend(cfg) is not None:  # the kernel the plan was costed with, not TE's own pick
         args += ["--attention-backend", attention_backend(cfg)]
     if cfg.offload_layers:  # arguments.py: a count > 0 turns cpu_offloading on (activations only by default)
@@ -248,6 +252,13 @@ def attention_backend(cfg) -> str | None:
     if not cfg.flash_attention:
         return "unfused"
     return ATTENTION_BACKEND.get(cfg.attention_kernel)
+
+
+def fp8_param_gather(cfg) -> bool:
+    """Whether the export keeps the weights in fp8 and gathers them so (Megatron ``--fp8-param-gather``): the plan's
+    ``fp8_param_gather`` for an fp8 / mxfp8 run whose weights are gathered at all (distributed optimizer or FSDP:
+    Megatron-LM's validate_args refuses it otherwise)."""
+    return bool(cfg.fp8_param_gather) and cfg.precision in ("fp8", "mxfp8") and cfg.zero_stage >= 1
 
 
 def current_scaling_needed(cfg) -> bool:

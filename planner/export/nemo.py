@@ -24,7 +24,8 @@ from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
                                     unsupported)
 from planner.export.megatron import (CP_COMM_TYPE, FSDP_SHARDING, attention_backend, check_plan,
-                                     current_scaling_needed, environment, hybrid_pattern, layout_string)
+                                     current_scaling_needed, environment, fp8_param_gather, hybrid_pattern,
+                                     layout_string)
 
 LAUNCHER = "nemo"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -127,6 +128,9 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
            "tokenizer, optimizer and checkpoint settings"]
     if not cfg.flash_attention:
         out.append("the plan assumes an unfused attention kernel (flash_attention = false)")
+    if cfg.precision in ("fp8", "mxfp8") and cfg.zero_stage >= 1 and not fp8_param_gather(cfg):
+        out.append("the plan was costed with the weights gathered in bf16: the fp8 / mxfp8 presets gather them in "
+                   "fp8 (set the mixed-precision config's fp8_param_gather = False to match)")
     return out
 
 

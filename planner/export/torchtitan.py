@@ -192,6 +192,8 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
         name = "float8" if cfg.precision == "fp8" else "mx"
         out["model"] = {"converters": [name]}
         out[name] = {"recipe_name": "tensorwise" if cfg.precision == "fp8" else "mxfp8", "filter_fqns": ["output"]}
+        if cfg.precision == "fp8" and cfg.zero_stage >= 1:  # FSDP2 all-gathers the fp8 weights (torchao)
+            out[name]["enable_fsdp_float8_all_gather"] = bool(cfg.fp8_param_gather)
     elif cfg.precision == "fp16":
         raise unsupported(LAUNCHER, "fp16 mixed precision (torchtitan trains in bf16 with fp32 reductions)",
                           "plan with --precision bf16 or export to megatron")

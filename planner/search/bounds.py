@@ -41,7 +41,8 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.data_parallel import (dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree,
-                                       expert_shard_degree, hsdp_groups, optimizer_step_s)
+                                       expert_shard_degree, gathered_linear_weight_bytes, hsdp_groups,
+                                       optimizer_step_s)
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, layer_params_on_gpu,
                                  model_state_bytes, zero_sharded_params)
 from planner.cost.schedule import SCHEDULES
@@ -481,7 +482,11 @@ def _variant_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTa
         dense, expert = _local_params(t, g, n_l, nm, extra)
         per_stage = [zero_sharded_params(dense, expert, z, dp_shard, edp_shard, "optimizer") for z in range(4)]
         updated = np.maximum(updated, np.stack(per_stage, axis=1))
-        c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes, n_l, replicas)
+        # every weight at the linear layers' gathered bytes: a floor of the cost model's (which keeps the embedding
+        # and the LM head in bf16)
+        wb = float(gathered_linear_weight_bytes(space.precision, space.fp8_param_gather))
+        c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes, n_l, replicas,
+                           weight_bytes=(wb, wb))
         z3 = np.where(once, c.zero3_per_gather_s, m * c.zero3_per_gather_s)
         coll = np.maximum(coll, np.stack([c.all_reduce_s, c.reduce_scatter_s + c.all_gather_s,
                                           c.reduce_scatter_s + c.all_gather_s, z3], axis=1))

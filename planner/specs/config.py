@@ -125,6 +125,11 @@ class RunConfig:
     #: GPU waiting (``GPU.expert_gemm_call_s``); False: one grouped kernel over all local experts (torchtitan's
     #: torch._grouped_mm)
     per_expert_gemm_calls: bool = True
+    #: the linear layers' weights kept in fp8 and all-gathered in fp8 by the sharded optimizer / FSDP (Megatron
+    #: --fp8-param-gather, on in Megatron-Bridge's fp8 and mxfp8 presets; torchtitan [float8]
+    #: enable_fsdp_float8_all_gather): 1 byte per element with per-tensor fp8; mxfp8 weights are gathered in bf16
+    #: and cast after (Megatron's reuse_grad_buf_for_mxfp8_param_ag), so only ``precision`` "fp8" gathers fewer bytes
+    fp8_param_gather: bool = False
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
     #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them

@@ -167,9 +167,11 @@ def estimate_command(run: dict) -> str:
         parts.append(f"--recompute-modules {cfg.recompute_modules}")
     for flag, name in (("sequence-parallel", "sequence_parallel"), ("flash-attention", "flash_attention"),
                        ("overlap-grad-reduce", "overlap_grad_reduce"), ("overlap-param-gather", "overlap_param_gather"),
-                       ("tp-comm-overlap", "tp_comm_overlap"), ("ep-comm-overlap", "ep_comm_overlap")):
+                       ("tp-comm-overlap", "tp_comm_overlap"), ("ep-comm-overlap", "ep_comm_overlap"),
+                       ("fp8-param-gather", "fp8_param_gather")):
         value = getattr(cfg, name)
-        if value != getattr(default, name) or name == "tp_comm_overlap":
+        # TP overlap and fp8 parameter gather spelled out always: the default stack sets both
+        if value != getattr(default, name) or name in ("tp_comm_overlap", "fp8_param_gather"):
             parts.append(f"--{flag}" if value else f"--no-{flag}")
     if cfg.layers_per_stage is not None:
         parts.append("--layers-per-stage " + ",".join(map(str, cfg.layers_per_stage)))
