@@ -175,3 +175,25 @@ def test_pipeline_link_is_the_nic_once_the_pipeline_spans_nodes(tp, cp, dp, pp, 
     as soon as one pair of consecutive stages sits on different nodes."""
     c = _toy_cluster()
     assert bool(comm.groups_for(c, tp, cp, dp, pp).pp_spans_nodes) is crosses
+
+
+def test_tp_overlap_hides_the_backward_all_gathers_of_the_row_parallel_layers():
+    """With sequence parallelism each block's row-parallel layer (attention output, second MLP) all-gathers its
+    output gradient in backward. Without TP overlap those gathers are exposed; Megatron's --tp-comm-overlap runs them
+    as ring exchanges inside the layers' dgrad GEMMs (Transformer Engine userbuffers' proj_dgrad / fc2_dgrad,
+    RingExchangeOverlapCfg in Megatron-Bridge's comm_overlap.py), which leaves only the overlap's interference, and
+    only up to the GEMMs' time."""
+    from planner.cost.step import tp_layer_comm_s
+
+    model, cluster = load_model("llama-3.1-70b"), load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=8, tp=8, global_batch_size=8, seq_len=8192, sequence_parallel=True)
+    group = comm.groups_for(cluster, 8, 1, 1, 1).tp
+    ag = float(comm.all_gather_s(cluster, group, cfg.tokens_per_rank * model.hidden_size * 2))
+    rs = float(comm.reduce_scatter_s(cluster, group, cfg.tokens_per_rank * model.hidden_size * 2))
+    intf = cluster.gpu.comm_overlap_interference
+    _, bwd_plain = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=False), group, 1.0)
+    _, bwd_overlap = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=True), group, 1.0)
+    assert float(bwd_plain) == pytest.approx(2 * ag + (2 * ag + 2 * rs) * intf, rel=1e-12)
+    assert float(bwd_overlap) == pytest.approx((4 * ag + 2 * rs) * intf, rel=1e-12)
+    _, short = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=True), group, 0.5 * ag)  # GEMMs too short
+    assert float(short) == pytest.approx(1.5 * ag + (2.5 * ag + 2 * rs) * intf, rel=1e-12)

@@ -208,7 +208,10 @@ def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: c
     ``--tp-comm-overlap``, Transformer Engine userbuffers), which hides up to the GEMMs' time. Backward: the
     column-parallel layers' collectives (the async input-gradient all-reduce; with SP the re-gather of the input and
     the gradient reduce-scatter) overlap their GEMMs; with SP the row-parallel layers' output-gradient all-gathers
-    (1 per block) stay exposed. Overlapped communication still costs the compute stream a fraction
+    (1 per block) stay exposed, unless ``tp_comm_overlap`` runs them as ring exchanges inside those layers' dgrad
+    GEMMs (Transformer Engine userbuffers' proj_dgrad / fc2_dgrad, RingExchangeOverlapCfg in every Megatron-Bridge
+    TP-overlap config: src/megatron/bridge/training/comm_overlap.py at v0.2.0), which hides them up to the linear
+    GEMMs' time as in forward. Overlapped communication still costs the compute stream a fraction
     (``gpu.comm_overlap_interference``) of its duration."""
     intf = cluster.gpu.comm_overlap_interference
     msg = cfg.tokens_per_rank * model.hidden_size * ACT_BYTES
@@ -218,7 +221,8 @@ def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: c
     fwd = np.where(sp, blocks * (ag + rs), blocks * comm.all_reduce_s(cluster, tp_group, msg))
     exposed_bwd = np.where(sp, blocks * ag, 0.0)
     overlapped_bwd = np.where(sp, blocks * ag + blocks * rs, fwd)
-    bwd = exposed_bwd + overlapped_bwd * intf
+    hidden_bwd = np.where(cfg.tp_comm_overlap, np.minimum(exposed_bwd, linear_gemm_s), 0.0)
+    bwd = exposed_bwd - hidden_bwd + (overlapped_bwd + hidden_bwd) * intf
     hidden = np.minimum(fwd, linear_gemm_s)
     fwd = np.where(cfg.tp_comm_overlap, fwd - hidden + hidden * intf, fwd)
     has_tp = np.asarray(cfg.tp) > 1

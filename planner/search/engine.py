@@ -102,6 +102,10 @@ def _sort_key(cfg: RunConfig) -> tuple:
             cfg.layers_per_stage or (), cfg.recompute_layers_per_stage or ())
 
 
+#: relative slack of the pruning threshold: rows whose bound ties the K-th best value within it are evaluated
+TIE_RTOL = 1e-12
+
+
 class _TopK:
     """The K best feasible candidates by (objective, secondary, knob order)."""
 
@@ -126,8 +130,10 @@ class _TopK:
 
     @property
     def threshold(self) -> float:
-        """The K-th best objective value (inf until K are kept)."""
-        return self.items[-1][0][0] if len(self.items) == self.k else math.inf
+        """The K-th best objective value (inf until K are kept), widened by :data:`TIE_RTOL` so that a row tying
+        it is still evaluated: its bound, computed over arrays by another sequence of floating-point operations, may
+        exceed the equal exact value by an ulp, and the tie is broken by memory and the knob order."""
+        return self.items[-1][0][0] * (1.0 + TIE_RTOL) if len(self.items) == self.k else math.inf
 
     def candidates(self) -> list[Candidate]:
         return [c for _, c in self.items]
