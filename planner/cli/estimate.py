@@ -184,7 +184,7 @@ def estimate(
         if packing:
             from planner.cost.variable_length import packed_config
             cfg = packed_config(cfg, dist)
-    accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe).to_dict()
+    accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1).to_dict()
     for warning in request_warnings(spec, cfg):
         err(f"warning: {warning}")
     if json_out:

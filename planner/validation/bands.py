@@ -4,9 +4,10 @@
     python -m planner.validation.bands --write   # store them in error_bands.json (what estimates read)
 
 A band is the mean absolute error of one cell of the validation residuals: GPU family (A100: the papers' set;
-H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit) and dense or MoE. An estimate takes the
-band of its cell, or of the nearest coarser cell that has rows (GPU family and precision, then precision, then
-every modern row), and says which it took. The bands are data computed from the sets (a test recomputes them), so
+H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit), dense or MoE, and with or without context
+parallelism (the H100 rows with ring CP are 11-15% optimistic where those without are within 4%: a plan with CP
+should not borrow the others' band). An estimate takes the band of its cell, or of the nearest coarser cell that
+has rows (GPU family and precision, then precision and kind, then every modern row), and says which it took. The bands are data computed from the sets (a test recomputes them), so
 they move when the model or the sets do.
 """
 
@@ -46,6 +47,11 @@ def precision_class(precision: str) -> str:
     return "fp8" if precision in ("fp8", "mxfp8") else "16-bit"
 
 
+def kind_label(moe: bool, cp: bool) -> str:
+    """A band cell's kind: dense or MoE, with context parallelism or not."""
+    return ("MoE" if moe else "dense") + (" with CP" if cp else "")
+
+
 def compute_bands() -> dict:
     """Every cell's rows and mean |error|, from the papers' set and the modern set."""
     from planner.validation.compare import load_modern_runs, validate, validate_modern
@@ -61,7 +67,8 @@ def compute_bands() -> dict:
             continue
         run = runs[row.id]
         moe = "MoE" if "MoE" in row.groups else "dense"  # compare.row_groups: the model has routed experts
-        key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), moe)
+        kind = kind_label(moe == "MoE", "context parallel" in row.groups)
+        key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), kind)
         cells.setdefault(key, []).append((row.id, row.error))
     return {"bands": [{"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v],
                        "mean_abs_error": round(statistics.mean(abs(e) for _, e in v), 4)}
@@ -72,10 +79,11 @@ def _load() -> list[dict]:
     return json.loads(BANDS_FILE.read_text())["bands"]
 
 
-def band_for(gpu_name: str, precision: str, moe: bool) -> Band:
-    """The band of an estimate of a run on this GPU at this precision, dense or MoE."""
+def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False) -> Band:
+    """The band of an estimate of a run on this GPU at this precision, dense or MoE, with context parallelism (CP
+    > 1) or not."""
     bands = _load()
-    family, prec, kind = gpu_family(gpu_name), precision_class(precision), "MoE" if moe else "dense"
+    family, prec, kind = gpu_family(gpu_name), precision_class(precision), kind_label(moe, cp)
 
     def pooled(cells: list[dict], label: str, exact: bool) -> Band | None:
         if not cells:
@@ -103,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     data = compute_bands()
     for b in data["bands"]:
-        print(f"{b['gpu']:12s} {b['precision']:7s} {b['kind']:6s} {len(b['rows']):2d} rows  "
+        print(f"{b['gpu']:12s} {b['precision']:7s} {b['kind']:14s} {len(b['rows']):2d} rows  "
               f"mean |error| {100 * b['mean_abs_error']:.1f}%")
     if args.write:
         data["generated_by"] = "python -m planner.validation.bands --write"
