@@ -48,7 +48,10 @@ def test_layernorm_drops_both_norm_outputs(precision, lin):
     drop = activation_bytes_per_layer(L8B, base) - activation_bytes_per_layer(L8B, ln)
     assert drop == pytest.approx(4096 * 2 * lin * L8B.hidden_size)
     ops = {o.name: o for o in layer_ops(L8B, ln)}
-    extra = layer_costs(L8B, H100, ln, comm.groups_for(H100, 1, 1, 8, 1)).selective_recompute_s
+    groups = comm.groups_for(H100, 1, 1, 8, 1)
+    # beyond core_attn's (the fused attention's forward, re-run: test_core_attn_reruns_the_fused_kernel_in_megatron)
+    extra = layer_costs(L8B, H100, ln, groups).selective_recompute_s - \
+        layer_costs(L8B, H100, base, groups).selective_recompute_s
     assert extra == pytest.approx(op_time_s(ops["norms"], H100.gpu))
 
 
@@ -63,8 +66,10 @@ def test_mlp_checkpoints_a_dense_mlp_and_reruns_it():
     ops = layer_ops(L8B, mlp)
     rerun = sum(op_time_s(o, H100.gpu) for o in ops if o.name in ("mlp_in", "mlp_out", "mlp_act"))
     lc = layer_costs(L8B, H100, mlp, comm.groups_for(H100, 1, 1, 8, 1))
-    assert lc.selective_recompute_s == pytest.approx(rerun)
-    assert lc.recompute_flops == pytest.approx(sum(o.flops for o in ops if o.name in ("mlp_in", "mlp_out")))
+    core = layer_costs(L8B, H100, base, comm.groups_for(H100, 1, 1, 8, 1))  # core_attn alone: the attention re-run
+    assert lc.selective_recompute_s - core.selective_recompute_s == pytest.approx(rerun)
+    assert lc.recompute_flops - core.recompute_flops == \
+        pytest.approx(sum(o.flops for o in ops if o.name in ("mlp_in", "mlp_out")))
 
 
 def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections():
@@ -75,8 +80,9 @@ def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections():
     drop = activation_bytes_per_layer(DSV3, cfg, kind=MOE_LAYER) - activation_bytes_per_layer(DSV3, up, kind=MOE_LAYER)
     assert drop == pytest.approx(4096 * 2 * 128 * (192 + 192 + 128))
     lc = layer_costs(DSV3, H100, up, comm.groups_for(H100, 1, 1, 64, 1, 8), MOE_LAYER)
+    core = layer_costs(DSV3, H100, cfg, comm.groups_for(H100, 1, 1, 64, 1, 8), MOE_LAYER)
     ups = [o for o in layer_ops(DSV3, up, MOE_LAYER) if o.name in ("q_up_proj", "kv_up_proj")]
-    assert lc.recompute_flops == pytest.approx(sum(o.flops for o in ups))
+    assert lc.recompute_flops - core.recompute_flops == pytest.approx(sum(o.flops for o in ups))
 
 
 def test_moe_act_drops_the_routed_experts_activation_output():
@@ -174,9 +180,10 @@ def test_moe_reruns_the_block_and_its_all_to_alls():
         if o.expert_calls:
             t = max(t, o.expert_calls * float(H100.gpu.expert_call_s(o.precision)))
         expected += t
-    assert lc.selective_recompute_s == pytest.approx(expected, rel=1e-9)
+    # beyond core_attn's re-run of the fused attention, which the base (core_attn alone) pays too
+    assert lc.selective_recompute_s - base.selective_recompute_s == pytest.approx(expected, rel=1e-9)
     assert base.recompute_ep_s == 0.0 and lc.recompute_ep_s == pytest.approx(base.ep_fwd_s) and lc.ep_fwd_s > 0
-    assert lc.recompute_flops == pytest.approx(sum(o.flops for o in rerun))
+    assert lc.recompute_flops - base.recompute_flops == pytest.approx(sum(o.flops for o in rerun))
     # end to end: the step pays the re-run kernels and the extra all-to-alls, and keeps fewer activations
     e0, e1 = estimate(DSV3, H100, cfg), estimate(DSV3, H100, moe)
     assert e1.step_time_s > e0.step_time_s and e1.peak_memory_bytes < e0.peak_memory_bytes
@@ -226,3 +233,29 @@ def test_search_with_moe_recompute_never_pairs_it_with_the_overlap_and_exports_i
     plan = plan_dict(mix, "h100-80gb-sxm", sel, estimate(mix, H100, sel))
     assert plan["recompute"]["modules"] == ["core_attn", "moe"]
     assert "--recompute-modules core_attn moe" in " ".join(export(plan, "megatron").text.split())
+
+
+def test_core_attn_reruns_the_fused_kernel_in_megatron_not_in_torchtitan():
+    """Megatron-Core checkpoints the core attention under selective "core_attn" whatever its kernel
+    (megatron/core/transformer/attention.py, checkpoint_core_attention), so the fused kernel's forward runs again in
+    backward: the layer's selective recompute time is that kernel's forward, its FLOPs the recomputed ones, and
+    the step is longer than with no recomputation. torchtitan's op-level selective checkpointing saves the SDPA ops'
+    outputs (stacks/torchtitan.json recompute_fused_attention false): nothing re-runs, the step equals no
+    recomputation's."""
+    from planner.cost.compute import attention_time_s
+    from planner.specs.stack import load_stack
+
+    assert [load_stack(s).recompute_fused_attention for s in ("megatron-core", "torchtitan", "deepspeed")] == \
+        [True, False, False]
+    cfg = _cfg(recompute="selective")
+    groups = comm.groups_for(H100, 1, 1, 8, 1)
+    [core] = [o for o in layer_ops(L8B, cfg) if o.name == "attention_core"]
+    lc = layer_costs(L8B, H100, cfg, groups)
+    assert lc.selective_recompute_s == pytest.approx(float(attention_time_s(core, H100.gpu)), rel=1e-12)
+    assert lc.recompute_flops == pytest.approx(float(core.flops))
+    kept = layer_costs(L8B, H100, cfg.with_(recompute_fused_attention=False), groups)
+    assert kept.selective_recompute_s == 0.0 and kept.recompute_flops == 0.0
+    none = cfg.with_(recompute="none")
+    assert estimate(L8B, H100, cfg).step_time_s > estimate(L8B, H100, none).step_time_s
+    assert estimate(L8B, H100, cfg.with_(recompute_fused_attention=False)).step_time_s == \
+        pytest.approx(estimate(L8B, H100, none).step_time_s, rel=1e-12)

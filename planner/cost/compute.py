@@ -52,6 +52,9 @@ class Op:
     #: the selective-recompute modules (config.RECOMPUTE_MODULES, comma-separated) any of whose recomputation
     #: redoes this op in backward (once, however many of them are on)
     recompute_module: str = ""
+    #: where that recomputation redoes it (a configuration's flag, or an array of them): the fused attention kernel
+    #: only under stacks that checkpoint it (``RunConfig.recompute_fused_attention``)
+    recompute_when: bool | np.ndarray = True
     gemm_flops: float | np.ndarray = 0.0  # FLOPs of one GEMM of a batched op (sets its efficiency); 0 = flops
     precision: str | np.ndarray = "bf16"  # tensor-core precision of a GEMM (config.PRECISIONS)
     #: GEMMs of a grouped GEMM the host issues one call each for (a layer's local experts), per forward; its
@@ -158,8 +161,12 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
                            window=float(model.sliding_window) if windowed else 0.0, window_share=windowed,
                            ring_steps=np.where(np.asarray(cfg.cp_kind) == "ring", cfg.cp, 1),
                            kernel=cfg.attention_kernel)
+    # Megatron-Core checkpoints the core attention under selective "core_attn", the fused kernel too
+    # (megatron/core/transformer/attention.py, checkpoint_core_attention): its forward runs again in backward;
+    # torchtitan's op-level selective checkpointing saves the SDPA outputs instead (RunConfig.recompute_fused_attention)
     ops.append(Op("attention_core", "attention", flops=np.where(flash, flash_flops, 0.0),
-                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape))
+                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape, recompute_module="core_attn",
+                  recompute_when=cfg.recompute_fused_attention))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
     # head size d ~ 100 they are thin, so the roofline's memory side matters
     heads = cfg.micro_batch_size * model.num_heads / t
@@ -542,7 +549,7 @@ def recomputed(op: Op, modules):
     on = False
     for module in op.recompute_module.split(","):
         on = on | recompute_module_on(modules, module)
-    return np.where(on, 1.0, 0.0)
+    return np.where(on & np.asarray(op.recompute_when, dtype=bool), 1.0, 0.0)
 
 
 def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:

@@ -285,7 +285,8 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
                                     ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
                                     packed_doc_len=space.packed_doc_len, offload_modules=space.offload_modules,
                                     attention_kernel=space.attention_kernel,
-                                    per_expert_gemm_calls=space.per_expert_gemm_calls)
+                                    per_expert_gemm_calls=space.per_expert_gemm_calls,
+                                    recompute_fused_attention=space.recompute_fused_attention)
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,

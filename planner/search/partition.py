@@ -357,9 +357,12 @@ def _candidate(model: ModelSpec, cfg: RunConfig, rates: _Rates, per_stage_recomp
         return None
     split, ks = best_cfg
     layers, recomp = _spread(cfg, split, ks)
-    if per_stage_recompute:
+    if per_stage_recompute and any(recomp):
         return cfg.with_(layers_per_stage=layers, recompute="full", recompute_num_layers=None,
                          recompute_layers_per_stage=recomp)
+    if per_stage_recompute:  # no layer recomputed anywhere: that is no recomputation, and says so
+        return cfg.with_(layers_per_stage=layers, recompute="none", recompute_num_layers=None,
+                         recompute_layers_per_stage=None)
     return cfg.with_(layers_per_stage=layers)
 
 

@@ -77,6 +77,8 @@ class SearchSpace:
     per_expert_gemm_calls: bool = True
     #: fp8 weights gathered in fp8 (config.RunConfig.fp8_param_gather: the stack's, not searched)
     fp8_param_gather: bool = False
+    #: selective "core_attn" re-runs the fused attention (config.RunConfig.recompute_fused_attention: the stack's)
+    recompute_fused_attention: bool = True
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     #: packed variable-length documents: their token-weighted mean length (config.RunConfig.packed_doc_len; the
@@ -400,6 +402,7 @@ class Space:
     attention_kernel: str = ""
     per_expert_gemm_calls: bool = True
     fp8_param_gather: bool = False
+    recompute_fused_attention: bool = True
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
     packed_doc_len: float = 0.0
     packed_attention_cv: float = 0.0
@@ -569,7 +572,7 @@ class Space:
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
             schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
             attention_kernel=self.attention_kernel, per_expert_gemm_calls=self.per_expert_gemm_calls,
-            fp8_param_gather=self.fp8_param_gather,
+            fp8_param_gather=self.fp8_param_gather, recompute_fused_attention=self.recompute_fused_attention,
             recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
             packed_attention_cv=self.packed_attention_cv,
             offload_modules=self.offload_modules,
@@ -593,7 +596,7 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
                  global_batch=global_batch, seq_len=seq_len, zero_stages=zero_stages,
                  rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
                  attention_kernel=space.attention_kernel, per_expert_gemm_calls=space.per_expert_gemm_calls,
-                 fp8_param_gather=space.fp8_param_gather,
+                 fp8_param_gather=space.fp8_param_gather, recompute_fused_attention=space.recompute_fused_attention,
                  partial_divides=space.recompute_count_divides,
                  recompute_modules=space.recompute_modules, packed_doc_len=space.packed_doc_len,
                  packed_attention_cv=space.packed_attention_cv,

@@ -130,6 +130,10 @@ class RunConfig:
     #: enable_fsdp_float8_all_gather): 1 byte per element with per-tensor fp8; mxfp8 weights are gathered in bf16
     #: and cast after (Megatron's reuse_grad_buf_for_mxfp8_param_ag), so only ``precision`` "fp8" gathers fewer bytes
     fp8_param_gather: bool = False
+    #: selective recomputation of "core_attn" re-runs the fused attention kernel too (Megatron-Core checkpoints the
+    #: core attention whatever its kernel: megatron/core/transformer/attention.py checkpoint_core_attention); False:
+    #: the fused kernel's outputs are kept (torchtitan's op-level selective checkpointing saves the SDPA ops')
+    recompute_fused_attention: bool = True
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
     #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them
@@ -203,7 +207,7 @@ class RunConfig:
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
                 "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel",
-                "per_expert_gemm_calls")
+                "per_expert_gemm_calls", "recompute_fused_attention")
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,6 +238,7 @@ class ConfigBatch:
     offload_modules: np.ndarray
     attention_kernel: np.ndarray
     per_expert_gemm_calls: np.ndarray
+    recompute_fused_attention: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -245,7 +250,8 @@ class ConfigBatch:
         kinds = {"tp": np.int64, "cp": np.int64, "ep": np.int64, "micro_batch_size": np.int64, "seq_len": np.int64,
                  "expert_tp": np.int64,
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
-                 "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool}
+                 "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool,
+                 "recompute_fused_attention": bool}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 

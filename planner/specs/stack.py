@@ -25,7 +25,8 @@ DEFAULT_STACK = "megatron-core"
 GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
 #: the option fields of a stack file (``attention_kernel`` optional: "" = each profile's default table)
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-               "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather")
+               "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
+               "recompute_fused_attention")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -70,13 +71,17 @@ class Stack:
     #: whether its fp8 runs keep and all-gather the linear weights in fp8 (``options.fp8_param_gather``; absent:
     #: false)
     fp8_param_gather: bool = False
+    #: whether its selective recomputation of "core_attn" re-runs the fused attention kernel
+    #: (``options.recompute_fused_attention``; absent: true, Megatron-Core's checkpoint_core_attention)
+    recompute_fused_attention: bool = True
 
     def options(self) -> dict[str, Any]:
         """The RunConfig runtime options this stack runs with."""
         return {"flash_attention": self.flash_attention, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
                 "grad_reduce_bytes": self.grad_reduce_bytes, "attention_kernel": self.attention_kernel,
-                "per_expert_gemm_calls": self.per_expert_gemm_calls, "fp8_param_gather": self.fp8_param_gather}
+                "per_expert_gemm_calls": self.per_expert_gemm_calls, "fp8_param_gather": self.fp8_param_gather,
+                "recompute_fused_attention": self.recompute_fused_attention}
 
     def apply(self, cfg: RunConfig, **overrides: Any) -> RunConfig:
         """``cfg`` with the stack's runtime options, then the given overrides (None: keep the stack's); TP overlap
@@ -165,4 +170,6 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         attention_kernel=kernel,
         per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options")
         if "per_expert_gemm_calls" in opts else True,
-        fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options") if "fp8_param_gather" in opts else False)
+        fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options") if "fp8_param_gather" in opts else False,
+        recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options")
+        if "recompute_fused_attention" in opts else True)
