@@ -7,7 +7,7 @@ import typer
 from planner.cli.app import app, choice, console, err, handle_errors
 from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
                                  print_length_tables)
-from planner.cli.render import attention_kernel_line, model_label, print_estimate
+from planner.cli.render import attention_kernel_line, attention_kernel_priced, model_label, print_estimate
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
@@ -189,8 +189,7 @@ def estimate(
         err(f"warning: {warning}")
     if json_out:
         typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name,
-                          "attention_kernel_priced": hw.gpu.attention_kernel_priced(cfg.attention_kernel)
-                          if cfg.flash_attention else None, "accuracy": accuracy,
+                          "attention_kernel_priced": attention_kernel_priced(hw.gpu, cfg), "accuracy": accuracy,
                           **({"data": data} if data is not None else {})}), nl=False)
     else:
         print_estimate(console(), est, cfg, f"{model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), "

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli.app import CONSTRAINT_OPTIONS, app, choice, console, err, handle_errors, search_constraints
-from planner.cli.render import (add_columns, attention_kernel_line, layout_label, model_label, print_estimate,
-                                recipe_label)
+from planner.cli.render import (add_columns, attention_kernel_line, attention_kernel_priced, layout_label,
+                                model_label, print_estimate, recipe_label)
 from planner.cli.estimate import ATTENTION_KERNEL_HELP, parse_offload_modules, parse_recompute_modules
 from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
                                  print_length_tables)
@@ -266,8 +266,8 @@ def plan(
         accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]
     if json_out:
         typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name,
-                          "attention_kernel_priced": hw.gpu.attention_kernel_priced(result.config.attention_kernel)
-                          if result.config.flash_attention else None, "accuracy": accuracy,
+                          "attention_kernel_priced": attention_kernel_priced(hw.gpu, result.config),
+                          "accuracy": accuracy,
                           **({"data": data} if data is not None else {})}), nl=False)
         return
     if emit is not None and out is None:

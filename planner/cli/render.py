@@ -182,10 +182,16 @@ def accuracy_line(accuracy: dict | None) -> str:
             f"±{100 * accuracy['mean_abs_error']:.1f}% mean error in throughput")
 
 
+def attention_kernel_priced(gpu: Any, cfg: RunConfig) -> str | None:
+    """The name of the profile's table that priced ``cfg``'s fused attention (None: no fused kernel, or a profile
+    with one attention efficiency): the ``attention_kernel_priced`` of estimate / plan JSON."""
+    return gpu.attention_kernel_priced(cfg.attention_kernel) if cfg.flash_attention else None
+
+
 def attention_kernel_line(gpu: Any, cfg: RunConfig) -> str:
     """Which attention kernel's table priced the fused attention ("" without a fused kernel or kernel tables)."""
-    priced = gpu.attention_kernel_priced(cfg.attention_kernel)
-    if not cfg.flash_attention or priced is None:
+    priced = attention_kernel_priced(gpu, cfg)
+    if priced is None:
         return ""
     if cfg.attention_kernel and priced != cfg.attention_kernel:
         return (f"attention kernel: {cfg.attention_kernel} asked, but the profile has no table for it: "

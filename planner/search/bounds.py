@@ -476,6 +476,9 @@ def _variant_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTa
                                           shard)
     replicas = hsdp_groups(cluster, tp, cp, dp, ep, etp, shard)
     grad_bytes = space.col("grb")[g]
+    # every weight at the linear layers' gathered bytes: a floor of the cost model's (which keeps the embedding and
+    # the LM head in bf16)
+    wb = float(gathered_linear_weight_bytes(space.precision, space.fp8_param_gather))
     coll = np.zeros((n, 4))
     updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage
     rank0 = None
@@ -483,9 +486,6 @@ def _variant_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTa
         dense, expert = _local_params(t, g, n_l, nm, extra)
         per_stage = [zero_sharded_params(dense, expert, z, dp_shard, edp_shard, "optimizer") for z in range(4)]
         updated = np.maximum(updated, np.stack(per_stage, axis=1))
-        # every weight at the linear layers' gathered bytes: a floor of the cost model's (which keeps the embedding
-        # and the LM head in bf16)
-        wb = float(gathered_linear_weight_bytes(space.precision, space.fp8_param_gather))
         c = dp_collectives(cluster, dense_group, expert_group, dense, expert, grad_bytes, n_l, replicas,
                            weight_bytes=(wb, wb))
         z3 = np.where(once, c.zero3_per_gather_s, m * c.zero3_per_gather_s)

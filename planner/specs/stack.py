@@ -107,7 +107,10 @@ def load_stack(name_or_path: str) -> Stack:
     return stack_from_dict(read_json_file(path, "stack"), source=str(path))
 
 
-def _bool(d: dict, key: str, source: str, section: str) -> bool:
+def _bool(d: dict, key: str, source: str, section: str, default: bool | None = None) -> bool:
+    """A true / false field; ``default`` where the field may be absent (None: required)."""
+    if default is not None and key not in d:
+        return default
     v = d.get(key)
     if not isinstance(v, bool):
         raise PlannerError(f"must be true or false, got {v!r}", source=source, field=f"{section}.{key}")
@@ -168,8 +171,6 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         hsdp_zero_stages=_list(runs, "hsdp_zero_stages", tuple(z for z in ZERO_STAGES if z >= 1), source, int)
         if "hsdp_zero_stages" in runs else (),
         attention_kernel=kernel,
-        per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options")
-        if "per_expert_gemm_calls" in opts else True,
-        fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options") if "fp8_param_gather" in opts else False,
-        recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options")
-        if "recompute_fused_attention" in opts else True)
+        per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options", default=True),
+        fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
+        recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True))
