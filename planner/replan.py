@@ -142,7 +142,8 @@ def replan(model: ModelSpec, cluster: Cluster, old: RunConfig, *, lose_nodes: in
     def offer(label: str, plan: Plan) -> None:
         options.append(Option(label, replace(plan, alternatives=()), transition(plan.config)))
 
-    counts = [c * gpn for c in range(num_gpus // gpn, max(0, num_gpus // gpn - idle_nodes(num_gpus // gpn)), -1)]
+    nodes = num_gpus // gpn
+    counts = [c * gpn for c in range(nodes, max(0, nodes - idle_nodes(nodes) - 1), -1)]  # 0 .. idle_nodes idle
     found: dict[int, Plan] = {}
     reasons = []
     for n in counts:  # every GPU, then up to 1/8 of the nodes left idle where the batch splits better
@@ -208,8 +209,7 @@ def _default_finder(model: ModelSpec, cluster: Cluster, old: RunConfig, global_b
     from planner.search.space import SearchSpace
 
     def find(num_gpus: int, constraints: Any, top_k: int) -> Plan:
-        space = SearchSpace(precision=old.precision, recompute_modules=old.recompute_modules,
-                            attention_kernel=old.attention_kernel)
+        space = SearchSpace().with_fixed(old.fixed)
         if constraints is not None:
             space = constraints.narrow([space], "the search")[0]
         return search_plans(model, cluster, num_gpus, global_batch, old.seq_len, top_k=top_k, space=space)

@@ -264,3 +264,36 @@ def test_a_new_global_batch_can_use_every_gpu_left():
     assert same.best.plan.config.num_gpus < 504 and same.best.plan.config.global_batch_size == 512
     assert new.best.plan.config.num_gpus == 504 and new.best.plan.config.global_batch_size == 504
     assert new.best.tokens_per_s > same.best.tokens_per_s
+
+
+def test_replan_searches_with_the_old_plans_fixed_options():
+    """A re-plan ranks its candidates under the options the old plan ran with (its stack's expert GEMM issue,
+    fused-attention recomputation and fp8 weight gather, its precision): every option's configuration holds them,
+    so the new plans and the "same layout" one are priced alike (the finder once kept only precision, recompute
+    modules and attention kernel)."""
+    model = load_model("mixtral-8x7b")
+    old = RunConfig(num_gpus=32, tp=2, pp=2, ep=4, global_batch_size=256, micro_batch_size=1, seq_len=4096,
+                    zero_stage=1, sequence_parallel=True, precision="fp8", per_expert_gemm_calls=False,
+                    recompute_fused_attention=False, fp8_param_gather=True, recompute="selective")
+    r = replan(model, H100, old, lose_nodes=1, horizon_s=3600.0)
+    assert r.options
+    for o in r.options:
+        assert o.plan.config.fixed == old.fixed, o.label
+
+
+@pytest.mark.parametrize("nodes_left, asked", [(3, [3]), (8, [8, 7]), (17, [17, 16, 15])])
+def test_replan_tries_up_to_an_eighth_of_the_nodes_idle(nodes_left, asked):
+    """``idle_nodes``: none idle from fewer than 8 nodes, one from 8, two from 16-23; the finder is asked for every
+    node count from all of them down to that many idle (the range once stopped one short, so 8 nodes never tried 7
+    and 3 nodes tried none at all)."""
+    from planner.errors import InfeasibleError
+
+    seen = []
+
+    def find(num_gpus, constraints, top_k):  # records the counts asked, finds nothing
+        seen.append((num_gpus // 8, constraints is None))
+        raise InfeasibleError("recorded", source="test")
+    old = RunConfig(num_gpus=8 * (nodes_left + 1), tp=8, global_batch_size=1680, micro_batch_size=1, seq_len=4096)
+    with pytest.raises(InfeasibleError):
+        replan(L70, H100, old, lose_nodes=1, horizon_s=3600.0, find=find)
+    assert [n for n, free in seen if free] == asked

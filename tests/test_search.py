@@ -50,7 +50,8 @@ def brute_force(model, cluster, n, batch, seq, space=SearchSpace(), limit=None):
     mb = row_memory_bound(sp, tables, rows)
     out = []
     for i in range(len(rows)):
-        cfg = sp.config(int(rows.group[i]), int(rows.zero[i]), int(rows.rec[i]), int(rows.hsdp[i]))
+        cfg = sp.config(int(rows.group[i]), int(rows.zero[i]), int(rows.rec[i]),
+                        int(rows.hsdp[i]) if rows.hsdp is not None else 0)
         assert not config_problems(model, cluster, cfg), cfg  # the space holds only valid configurations
         e = estimate(model, cluster, cfg, check=False)
         out.append((e.step_time_s, e.peak_memory_bytes, cfg, tb[i], mb[i]))
@@ -302,3 +303,24 @@ def test_gpipe_is_dominated_by_1f1b_so_the_space_leaves_it_out(pp, mb, zero, rec
     assert set(sp.col("sched").tolist()) == {sp.schedules.index("1f1b")}
     alone = build_space(model, H100, 64, 128, 4096, SearchSpace(schedules=("gpipe",)))
     assert len(alone.groups) > 0
+
+
+def test_every_row_holds_the_spaces_fixed_options():
+    """``SearchSpace.fixed`` reaches every configuration the space builds, whatever the row (the options the search
+    does not vary travel as one value, ``config.FixedOptions``), and ``with_fixed`` round-trips a RunConfig's."""
+    from planner.specs.config import FixedOptions
+
+    mixtral = load_model("mixtral-8x7b")
+    fixed = FixedOptions(precision="fp8", attention_kernel="flash-attention-2", per_expert_gemm_calls=False,
+                         fp8_param_gather=True, recompute_fused_attention=False, recompute_modules="core_attn,moe_act",
+                         packed_doc_len=1024.0, packed_attention_cv=0.3, offload_modules="")
+    space = SearchSpace().with_fixed(fixed)
+    assert space.fixed == fixed
+    sp = build_space(mixtral, H100, 32, 64, 4096, space)
+    rows = sp.expand(np.arange(len(sp.groups)))
+    picks = np.unique(np.linspace(0, len(rows) - 1, 25).astype(int))
+    for i in picks:
+        cfg = sp.config(int(rows.group[i]), int(rows.zero[i]), int(rows.rec[i]),
+                        int(rows.hsdp[i]) if rows.hsdp is not None else 0)
+        assert cfg.fixed == fixed
+    assert SearchSpace().with_fixed(cfg.fixed).fixed == fixed

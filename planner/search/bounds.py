@@ -49,7 +49,7 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
 from planner.search.space import (REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, ZERO_COLUMNS, Rows, Space, column_of,
                                   recompute_k)
-from planner.specs.config import CP_KINDS, ZERO_STAGES, ConfigBatch, even_layer_split
+from planner.specs.config import CP_KINDS, LAYER_FIELDS, ZERO_STAGES, ConfigBatch, even_layer_split
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -280,13 +280,8 @@ def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective"
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
                                     seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
-                                    precision=space.precision, expert_tp=x,
-                                    recompute_modules=space.recompute_modules,
-                                    ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
-                                    packed_doc_len=space.packed_doc_len, offload_modules=space.offload_modules,
-                                    attention_kernel=space.attention_kernel,
-                                    per_expert_gemm_calls=space.per_expert_gemm_calls,
-                                    recompute_fused_attention=space.recompute_fused_attention)
+                                    expert_tp=x, ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
+                                    **{f: v for f, v in space.fixed.as_dict().items() if f in LAYER_FIELDS})
 
 
 def _layer_tables(model: ModelSpec, cluster: Cluster, batch: ConfigBatch,
@@ -478,7 +473,7 @@ def _variant_floors(model: ModelSpec, cluster: Cluster, space: Space, t: GroupTa
     grad_bytes = space.col("grb")[g]
     # every weight at the linear layers' gathered bytes: a floor of the cost model's (which keeps the embedding and
     # the LM head in bf16)
-    wb = float(gathered_linear_weight_bytes(space.precision, space.fp8_param_gather))
+    wb = float(gathered_linear_weight_bytes(space.fixed.precision, space.fixed.fp8_param_gather))
     coll = np.zeros((n, 4))
     updated = np.zeros((n, 4))  # parameters whose optimizer states the rank updates, per ZeRO stage
     rank0 = None

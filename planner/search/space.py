@@ -26,8 +26,8 @@ import numpy as np
 from planner.cost.schedule import SCHEDULES
 from planner.cost.validity import hsdp_splits_expert_dp, mamba_cp_problem, tp_splits_heads, ulysses_problem
 from planner.errors import PlannerError
-from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, RunConfig,
-                                  recompute_module_on)
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, FixedOptions,
+                                  RunConfig, recompute_module_on)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -119,6 +119,15 @@ class SearchSpace:
     @property
     def value_constraints(self) -> tuple:
         return tuple(getattr(self, f) for f in self.VALUE_FIELDS)
+
+    @property
+    def fixed(self) -> FixedOptions:
+        """The options every row of the space holds (``config.FIXED_FIELDS``), as one value."""
+        return FixedOptions.of(self)
+
+    def with_fixed(self, fixed: FixedOptions) -> "SearchSpace":
+        """The same space holding ``fixed``'s options (a re-plan keeps the old plan's)."""
+        return replace(self, **fixed.as_dict())
 
     def without_value_constraints(self) -> "SearchSpace":
         """The same space with every degree and micro-batch size free (what would be valid without the user's
@@ -398,15 +407,8 @@ class Space:
     zero_stages: tuple[int, ...]
     rec_codes: tuple[int, ...]  # from REC_NONE, REC_SELECTIVE, REC_FULL_ALL
     partial_recompute: bool
-    precision: str = "bf16"
-    attention_kernel: str = ""
-    per_expert_gemm_calls: bool = True
-    fp8_param_gather: bool = False
-    recompute_fused_attention: bool = True
-    recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
-    packed_doc_len: float = 0.0
-    packed_attention_cv: float = 0.0
-    offload_modules: str = ""
+    #: the options every row holds (``SearchSpace.fixed``)
+    fixed: FixedOptions = FixedOptions()
     #: HSDP shard sizes (``hsdp_shards``): per distinct (TP, CP, PP, EP, expert TP) a row of S sizes in DP
     #: ranks, the valid ones first, 0 = none (``hsdp_table``), and each group's row of it (``hsdp_key``)
     hsdp_table: np.ndarray | None = None
@@ -476,7 +478,7 @@ class Space:
     def overlap_rec_codes(self) -> tuple[int, ...]:
         """The recomputation codes the MoE all-to-all overlap runs with (Megatron-Core's rules): not full
         recomputation, and not selective recomputation of whole MoE blocks ("moe")."""
-        moe = recompute_module_on(self.recompute_modules, "moe")
+        moe = recompute_module_on(self.fixed.recompute_modules, "moe")
         return tuple(c for c in self.rec_codes if c != REC_FULL_ALL and not (moe and c == REC_SELECTIVE))
 
     @property
@@ -570,12 +572,7 @@ class Space:
             global_batch_size=self.global_batch, micro_batch_size=g["mb"], seq_len=self.seq_len,
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
-            schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], precision=self.precision,
-            attention_kernel=self.attention_kernel, per_expert_gemm_calls=self.per_expert_gemm_calls,
-            fp8_param_gather=self.fp8_param_gather, recompute_fused_attention=self.recompute_fused_attention,
-            recompute_modules=self.recompute_modules, packed_doc_len=self.packed_doc_len,
-            packed_attention_cv=self.packed_attention_cv,
-            offload_modules=self.offload_modules,
+            schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], **self.fixed.as_dict(),
             **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
 
 
@@ -594,14 +591,8 @@ def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch:
     return Space(groups=rows,
                  schedules=tuple(space.schedules), num_layers=model.num_layers, num_gpus=num_gpus,
                  global_batch=global_batch, seq_len=seq_len, zero_stages=zero_stages,
-                 rec_codes=rec_codes, partial_recompute=space.partial_recompute, precision=space.precision,
-                 attention_kernel=space.attention_kernel, per_expert_gemm_calls=space.per_expert_gemm_calls,
-                 fp8_param_gather=space.fp8_param_gather, recompute_fused_attention=space.recompute_fused_attention,
-                 partial_divides=space.recompute_count_divides,
-                 recompute_modules=space.recompute_modules, packed_doc_len=space.packed_doc_len,
-                 packed_attention_cv=space.packed_attention_cv,
-                 offload_modules=space.offload_modules,
-                 hsdp_table=table, hsdp_key=key,
+                 rec_codes=rec_codes, partial_recompute=space.partial_recompute, fixed=space.fixed,
+                 partial_divides=space.recompute_count_divides, hsdp_table=table, hsdp_key=key,
                  hsdp_zero_stages=tuple(z for z in zero_stages if z in space.hsdp_zero_stages and z >= 1),
                  plain_rows=space.plain_zero)
 

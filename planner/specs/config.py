@@ -201,6 +201,44 @@ class RunConfig:
     def with_(self, **changes: Any) -> "RunConfig":
         return replace(self, **changes)
 
+    @property
+    def fixed(self) -> "FixedOptions":
+        """The options a search holds fixed (:data:`FIXED_FIELDS`) as this configuration has them."""
+        return FixedOptions.of(self)
+
+
+#: the RunConfig fields a search holds fixed in every row it ranks: the run's GEMM precision, and what the stack
+#: (attention kernel, expert GEMM issue, fp8 weight gather, recomputation of the fused attention, the modules
+#: selective recomputation redoes, offloaded module inputs) and the data (packed document lengths) decide
+FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
+                "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
+                "offload_modules")
+
+
+@dataclass(frozen=True)
+class FixedOptions:
+    """The :data:`FIXED_FIELDS` of a run as one value, with :class:`RunConfig`'s defaults: what a search space
+    carries into every configuration it builds, and what a re-plan keeps from the plan it replaces."""
+
+    precision: str = RunConfig.precision
+    attention_kernel: str = RunConfig.attention_kernel
+    per_expert_gemm_calls: bool = RunConfig.per_expert_gemm_calls
+    fp8_param_gather: bool = RunConfig.fp8_param_gather
+    recompute_fused_attention: bool = RunConfig.recompute_fused_attention
+    recompute_modules: str = RunConfig.recompute_modules
+    packed_doc_len: float = RunConfig.packed_doc_len
+    packed_attention_cv: float = RunConfig.packed_attention_cv
+    offload_modules: str = RunConfig.offload_modules
+
+    @classmethod
+    def of(cls, obj: Any) -> "FixedOptions":
+        """The fixed options of anything that has them as attributes (a RunConfig, a search space)."""
+        return cls(**{f: getattr(obj, f) for f in FIXED_FIELDS})
+
+    def as_dict(self) -> dict[str, Any]:
+        """Field name -> value, to pass as keyword arguments (``RunConfig(**fixed.as_dict(), ...)``)."""
+        return {f: getattr(self, f) for f in FIXED_FIELDS}
+
 
 #: the RunConfig fields one decoder layer's costs read (kernels, activations, TP / CP / EP communication): the
 #: columns of a :class:`ConfigBatch`
