@@ -54,6 +54,9 @@ EXTRA = [
          fp8_param_gather=True, attention_kernel="cudnn"),
     dict(model="llama-3.1-8b", num_gpus=16, tp=2, global_batch_size=32, seq_len=8192, precision="mxfp8",
          fp8_param_gather=True, attention_kernel="flash-attention-3"),
+    # blocking pipeline sends with virtual stages (--no-overlap-p2p-communication: the megatron-2021 stack's)
+    dict(model="llama-3.1-8b", num_gpus=16, tp=2, pp=2, vpp=2, schedule="interleaved-1f1b", global_batch_size=32,
+         seq_len=8192, overlap_p2p_comm=False),
 ]
 
 
@@ -131,6 +134,11 @@ def configs_from_args(args: list[str]):
     if "num_layers_per_virtual_pipeline_stage" in opts:
         per = int(opts["num_layers_per_virtual_pipeline_stage"][0])
         tf["virtual_pipeline_model_parallel_size"] = tf["num_layers"] // tf["pipeline_model_parallel_size"] // per
+    # --no-overlap-p2p-communication is store_false into overlap_p2p_comm, which arguments.py keeps only with virtual
+    # stages; batch_p2p_comm is its opposite (core_transformer_config_from_args)
+    interleaved = tf.get("virtual_pipeline_model_parallel_size") or tf.get("pipeline_model_parallel_layout")
+    tf["overlap_p2p_comm"] = bool(interleaved) and "no_overlap_p2p_communication" not in opts
+    tf["batch_p2p_comm"] = not tf["overlap_p2p_comm"]
     tf.setdefault("num_layers", 1)
     return cls(**tf), DistributedDataParallelConfig(**ddp)
 
@@ -185,6 +193,8 @@ def test_megatron_core_accepts_every_export(name, plan, text):
     opts = plan["options"]
     if opts.get("fp8_param_gather") and opts.get("precision") in ("fp8", "mxfp8") and par["zero_stage"] >= 1:
         assert ddp.fp8_param_gather and ddp.reuse_grad_buf_for_mxfp8_param_ag == (opts["precision"] == "mxfp8")
+    if par["pp"] > 1 and par["vpp"] > 1:  # Megatron-Core's interleaved schedule sends as the plan was costed
+        assert tf.overlap_p2p_comm is opts.get("overlap_p2p_comm", True)
     if opts.get("attention_kernel"):  # Megatron-Core's AttnBackend, as Megatron-LM's parser makes it
         assert tf.attention_backend.name == {"cudnn": "fused"}.get(opts["attention_kernel"], "flash")
 
@@ -193,6 +203,7 @@ def test_the_extra_spread_covers_what_it_says():
     assert len(MEGATRON_PLANS) >= len(EXTRA) + 5
     assert any("moe" in s.get("recompute_modules", "") for s in EXTRA)
     assert any(s.get("ep_comm_overlap") for s in EXTRA) and any(s.get("layers_per_stage") for s in EXTRA)
+    assert any(s.get("overlap_p2p_comm") is False for s in EXTRA)
     assert any(s.get("fp8_param_gather") and s.get("precision") == "mxfp8" for s in EXTRA)
     assert {s.get("attention_kernel") for s in EXTRA} >= {"cudnn", "flash-attention-3"}
     assert CONFIGS  # the launchers' spread is shared

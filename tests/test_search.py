@@ -83,6 +83,11 @@ IDS.append("gpt-4L-4gpu-every-option")
 CASES.append((small_gpt(layers=13, hidden=1024, heads=8), H100, 8, 16, 2048,
               SearchSpace(schedules=("interleaved-1f1b", "zbv", "bfs"), cp_kinds=("ring",), zero_stages=(1, 3))))
 IDS.append("gpt-13L-8gpu-uneven-chunks")
+#: interleaved pipelines over two nodes with blocking sends (a stack without overlap_p2p_comm): the other branch of
+#: the pipeline-send bounds
+CASES.append((small_gpt(layers=12, hidden=1024, heads=8), H100, 16, 16, 4096,
+              SearchSpace(partial_recompute=False, schedules=("interleaved-1f1b",), overlap_p2p_comm=False)))
+IDS.append("gpt-12L-16gpu-blocking-sends")
 
 
 def test_the_uneven_case_holds_uneven_virtual_chunks():

@@ -121,6 +121,10 @@ def estimate(
                                           help="fp8 runs: the linear weights kept and all-gathered in fp8 by the "
                                                "sharded optimizer / FSDP (Megatron --fp8-param-gather; default: the "
                                                "stack's)"),
+    overlap_p2p_comm: bool = typer.Option(None, "--overlap-p2p-comm/--no-overlap-p2p-comm",
+                                          help="Interleaved schedule: pipeline sends under the next chunk's compute "
+                                               "(Megatron-Core's default; --no-overlap-p2p-communication turns it "
+                                               "off); default: the stack's"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     fused_cross_entropy: bool = typer.Option(True, "--fused-cross-entropy/--no-fused-cross-entropy",
                                              help="Loss cross-entropy fused (Megatron --cross-entropy-loss-fusion) "
@@ -169,7 +173,7 @@ def estimate(
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),
                           attention_kernel=attention_kernel, per_expert_gemm_calls=per_expert_gemm_calls,
-                          fp8_param_gather=fp8_param_gather)
+                          fp8_param_gather=fp8_param_gather, overlap_p2p_comm=overlap_p2p_comm)
     est = estimate_config(spec, hw, cfg)
     data = None
     if dist is not None:

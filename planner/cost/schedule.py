@@ -105,6 +105,10 @@ class Schedule:
     #: its order pairs one micro-batch's forward with another's backward (DualPipe's F&B), so the batch-level MoE
     #: all-to-all overlap runs without virtual stages
     pairs_microbatches: bool = False
+    #: a send's transfer may run under the next chunk's compute when the stack posts sends asynchronously
+    #: (``RunConfig.overlap_p2p_comm``): Megatron-Core's interleaved schedule (schedules.py
+    #: forward_backward_pipelining_with_interleaving with ``overlap_p2p_comm``; its 1F1B batches blocking sends)
+    overlaps_p2p: bool = False
     #: ranks of one pipeline that hold each stage: 1, or 2 for DualPipe (stage r on rank r and on rank p - 1 - r);
     #: the copies join the stage's data-parallel group (gradients summed, ZeRO shards over them too)
     stage_copies: int = 1
@@ -546,7 +550,7 @@ SCHEDULES: dict[str, Schedule] = {
                      _1f1b_inflight, _no_vpp("1f1b"), order=_1f1b_order, torch_name="1F1B"),
     "interleaved-1f1b": Schedule("interleaved-1f1b", "1F1B over v model chunks per rank (Narayanan et al. 2021)",
                                  _interleaved_time, _interleaved_inflight, _interleaved_check, supports_vpp=True,
-                                 order=_interleaved_order, torch_name="Interleaved1F1B"),
+                                 order=_interleaved_order, torch_name="Interleaved1F1B", overlaps_p2p=True),
     "zb-h1": Schedule("zb-h1", "zero-bubble H1: W deferred into the drain, 1F1B memory (Qi et al. 2023)",
                       _zb_h1_time, _zb_h1_inflight, _zb_check("zb-h1", lambda p: p), order=_1f1b_order, defer_w=True,
                       w_cap=_1f1b_cap),

@@ -660,9 +660,25 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         q["bwd_in"][0] += offloaded.bwd_exposed_s
         q["offc"][0] += offloaded.fwd_exposed_s + offloaded.bwd_exposed_s
     if p > 1:
-        q["ppc"] += 2 * p2p_one
-        q["fwd"] += p2p_one
-        q["bwd_in"] += p2p_one
+        # each chunk sends its output forward and its input gradient back once per micro-batch; where the stack
+        # posts them asynchronously under the schedule's next compute (Megatron-Core's interleaved overlap_p2p_comm)
+        # a send costs what sticks out of that chunk's forward / backward, plus the interference of what hides
+        # (the next compute on the rank is another of its chunks: the window is its chunks' mean, so a chunk with
+        # no layers of its own still hides its send)
+        if cfg.overlap_p2p_comm and sched.overlaps_p2p:
+            held = np.array([sched.stages_of(p, v, r) for r in range(p)])
+            owner = np.empty(n_stages, dtype=np.int64)
+            owner[held] = np.arange(p)[:, None]
+
+            def window(x):
+                return x[held].mean(axis=1)[owner]
+            send_f = exposed_s(p2p_one, window(q["fwd"]), gpu.comm_overlap_interference)
+            send_b = exposed_s(p2p_one, window(q["bwd_in"] + q["bwd_w"] + q["rec"]), gpu.comm_overlap_interference)
+        else:
+            send_f = send_b = p2p_one
+        q["ppc"] += send_f + send_b
+        q["fwd"] += send_f
+        q["bwd_in"] += send_b
     q["fwd"][0] += ends.emb_fwd_s
     q["bwd_w"][0] += ends.emb_bwd_s
     q["comp"][0] += ends.emb_fwd_s + ends.emb_bwd_s

@@ -181,6 +181,8 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     args += ["--micro-batch-size", str(cfg.micro_batch_size), "--global-batch-size", str(cfg.global_batch_size)]
     if view.model is None:
         args += ["--seq-length", str(cfg.seq_len)]
+    if cfg.pp > 1 and cfg.vpp > 1 and not cfg.overlap_p2p_comm:  # on by default with virtual stages
+        args.append("--no-overlap-p2p-communication")
     if cfg.ep_comm_overlap:  # the batch-level EP overlap needs the split weight-gradient pass
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     # recomputation

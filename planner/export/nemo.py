@@ -112,10 +112,12 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
 
 
 def comm_overlap_kwargs(plan: Any, source: str = "<plan>") -> dict[str, Any]:
-    """Keyword arguments of Megatron-Bridge's ``CommOverlapConfig`` (TP communication overlap, and the batch-level
-    MoE all-to-all overlap with its deferred weight gradients)."""
+    """Keyword arguments of Megatron-Bridge's ``CommOverlapConfig`` (TP communication overlap, blocking pipeline
+    sends where the plan has them, and the batch-level MoE all-to-all overlap with its deferred weight gradients)."""
     cfg = read_plan(plan, source).cfg
     kw: dict[str, Any] = {"tp_comm_overlap": bool(cfg.tp_comm_overlap and cfg.tp > 1)}
+    if cfg.pp > 1 and cfg.vpp > 1 and not cfg.overlap_p2p_comm:  # Megatron-Bridge turns it on with virtual stages
+        kw["overlap_p2p_comm"] = False
     if cfg.ep_comm_overlap:
         kw.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
     return kw

@@ -95,7 +95,8 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
             flash_attention=(stack.flash_attention,), overlap_grad_reduce=(stack.overlap_grad_reduce,),
             overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,),
             attention_kernel=stack.attention_kernel, per_expert_gemm_calls=stack.per_expert_gemm_calls,
-            fp8_param_gather=stack.fp8_param_gather, recompute_fused_attention=stack.recompute_fused_attention)
+            fp8_param_gather=stack.fp8_param_gather, recompute_fused_attention=stack.recompute_fused_attention,
+            overlap_p2p_comm=stack.overlap_p2p_comm)
         if narrowed.schedules and narrowed.zero_stages and narrowed.cp_kinds:
             out.append(narrowed)
     if not out:

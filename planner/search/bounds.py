@@ -41,7 +41,7 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.data_parallel import (dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree,
-                                       expert_shard_degree, gathered_linear_weight_bytes, hsdp_groups,
+                                       expert_shard_degree, exposed_s, gathered_linear_weight_bytes, hsdp_groups,
                                        optimizer_step_s)
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, layer_params_on_gpu,
                                  model_state_bytes, zero_sharded_params)
@@ -155,6 +155,8 @@ class GroupTables:
     layer_s: np.ndarray  # (groups, 3 kinds): one layer of each kind's F, B, W (incl. exposed comm)
     ends_s: np.ndarray  # (groups, 5): embedding F, embedding W (its backward), LM head F, B, W
     p2p_s: np.ndarray  # one pipeline send (0 without PP)
+    p2p_overlap: np.ndarray  # per group, whether its sends overlap compute (``p2p_overlapped``)
+    comm_interference: float  # GPU.comm_overlap_interference
     layer_keys: np.ndarray  # the distinct layer keys (columns LAYER_KEY) the per-key tables are indexed by
     layer_key: np.ndarray  # per group, its row of layer_keys
     layer_costs: BatchCosts  # the cost model's costs of the layer keys (selective recompute), one batch
@@ -181,8 +183,14 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     across = comm.pipeline_spans_nodes(cluster, tp, cp, space.dp, pp)
     p2p = np.where(pp > 1, np.where(across, sends[1][layer_key], sends[0][layer_key]), 0.0)
     all_sends = pp * vpp * p2p  # whole pipeline, one direction, one micro-batch
-    t_["fwd"] = tab["fwd"][layer_key] + all_sends
-    t_["bwd_in"] = tab["bwd_in"][layer_key] + all_sends
+    # overlapped sends (step.estimate: what sticks out of each rank's compute, plus the interference of what
+    # hides): summed over ranks, at least what sticks out of the whole pipeline's compute (min is subadditive)
+    p2p_overlap = p2p_overlapped(space)
+    interference = cluster.gpu.comm_overlap_interference
+    fwd, bwd = tab["fwd"][layer_key], tab["bwd_in"][layer_key]
+    t_["fwd"] = fwd + np.where(p2p_overlap, exposed_s(all_sends, fwd, interference), all_sends)
+    t_["bwd_in"] = bwd + np.where(p2p_overlap, exposed_s(all_sends, bwd + tab["bwd_w"][layer_key], interference),
+                                  all_sends)
     # ---- schedule: equal-rank time factor, in-flight micro-batches and layers of ranks 0 and p-1 ---------------
     L = model.num_layers
     uniq, inv = _unique_rows(space.col("sched"), pp, space.num_microbatches, vpp)
@@ -244,7 +252,20 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         layer_s=PerKey(np.stack([tab[f"{x}{k}"] for k in range(len(model.layer_kinds)) for x in "fbw"], axis=1),
                        layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
-                      layer_key), p2p_s=p2p, layer_keys=uniq_layers, layer_key=layer_key, layer_costs=costs)
+                      layer_key), p2p_s=p2p, p2p_overlap=p2p_overlap, comm_interference=interference,
+        layer_keys=uniq_layers, layer_key=layer_key, layer_costs=costs)
+
+
+def p2p_overlapped(space: Space) -> np.ndarray:
+    """Per group, whether its pipeline sends overlap compute: the space's stack posts them asynchronously
+    (``config.RunConfig.overlap_p2p_comm``) and the group's schedule runs that (``Schedule.overlaps_p2p``)."""
+    sched = space.col("sched")
+    on = np.zeros(len(sched), dtype=bool)
+    if space.fixed.overlap_p2p_comm:
+        for si, name in enumerate(space.schedules):
+            if SCHEDULES[name].overlaps_p2p:
+                on |= sched == si
+    return on
 
 
 #: per-key quantities of ``_layer_tables`` (besides each kind k's F, B, W: "f{k}", "b{k}", "w{k}")
@@ -421,8 +442,14 @@ def rank_times(space: Space, t: GroupTables, g: np.ndarray) -> tuple[np.ndarray,
     emb_f, emb_w, head_f, head_b, head_w = (col[:, None] for col in t.ends_s[g].T)
     send = t.p2p_s[g][:, None]
     F, B, W = (sum(n * per_kind[:, 3 * k + x, None] for k, n in enumerate(n_k)) for x in range(3))
-    F = F + chunks * send + emb * emb_f + head * head_f
-    B = B + chunks * send + head * head_b
+    # pipeline sends, blocking, or overlapped under the rank's chunks as step.estimate prices them (its window per
+    # chunk is the mean of the rank's chunks, so the rank's sum is one exposure against all its layers)
+    sends = chunks * send
+    overlap = t.p2p_overlap[g][:, None]
+    send_f = np.where(overlap, exposed_s(sends, F, t.comm_interference), sends)
+    send_b = np.where(overlap, exposed_s(sends, B + W, t.comm_interference), sends)
+    F = F + send_f + emb * emb_f + head * head_f
+    B = B + send_b + head * head_b
     W = W + emb * emb_w + head * head_w
     return F, B, W
 

@@ -89,6 +89,9 @@ class SearchSpace:
     #: Megatron-Core fine-grained activation offloading of these module inputs in every row (config.
     #: RunConfig.offload_modules; "" = none): such a space holds no full recomputation (it keeps only layer inputs)
     offload_modules: str = ""
+    #: pipeline sends overlapped with compute where the schedule runs it (config.RunConfig.overlap_p2p_comm: the
+    #: stack's, not searched)
+    overlap_p2p_comm: bool = True
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
     max_pp: int | None = None

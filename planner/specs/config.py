@@ -134,6 +134,13 @@ class RunConfig:
     #: core attention whatever its kernel: megatron/core/transformer/attention.py checkpoint_core_attention); False:
     #: the fused kernel's outputs are kept (torchtitan's op-level selective checkpointing saves the SDPA ops')
     recompute_fused_attention: bool = True
+    #: pipeline sends and receives posted asynchronously and waited only when their tensor is needed, so a chunk's
+    #: transfer runs under the next chunk's compute (Megatron-Core ``overlap_p2p_comm``: on by default for the
+    #: interleaved schedule, megatron/training/arguments.py ``--no-overlap-p2p-communication``; Megatron-Bridge
+    #: comm_overlap.py sets it with virtual stages); applies to schedules that run it
+    #: (``Schedule.overlaps_p2p``), elsewhere the sends block. False: every send on the critical path (2021
+    #: Megatron-LM's batched sends)
+    overlap_p2p_comm: bool = True
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
     #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them
@@ -209,10 +216,11 @@ class RunConfig:
 
 #: the RunConfig fields a search holds fixed in every row it ranks: the run's GEMM precision, and what the stack
 #: (attention kernel, expert GEMM issue, fp8 weight gather, recomputation of the fused attention, the modules
-#: selective recomputation redoes, offloaded module inputs) and the data (packed document lengths) decide
+#: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
+#: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
                 "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
-                "offload_modules")
+                "offload_modules", "overlap_p2p_comm")
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,7 @@ class FixedOptions:
     packed_doc_len: float = RunConfig.packed_doc_len
     packed_attention_cv: float = RunConfig.packed_attention_cv
     offload_modules: str = RunConfig.offload_modules
+    overlap_p2p_comm: bool = RunConfig.overlap_p2p_comm
 
     @classmethod
     def of(cls, obj: Any) -> "FixedOptions":

@@ -26,7 +26,7 @@ GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
 #: the option fields of a stack file (``attention_kernel`` optional: "" = each profile's default table)
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
-               "recompute_fused_attention")
+               "recompute_fused_attention", "overlap_p2p_comm")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -74,6 +74,9 @@ class Stack:
     #: whether its selective recomputation of "core_attn" re-runs the fused attention kernel
     #: (``options.recompute_fused_attention``; absent: true, Megatron-Core's checkpoint_core_attention)
     recompute_fused_attention: bool = True
+    #: whether its interleaved pipeline posts sends asynchronously under the next chunk's compute
+    #: (``options.overlap_p2p_comm``; absent: true, Megatron-Core's default with virtual stages)
+    overlap_p2p_comm: bool = True
 
     def options(self) -> dict[str, Any]:
         """The RunConfig runtime options this stack runs with."""
@@ -81,7 +84,8 @@ class Stack:
                 "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
                 "grad_reduce_bytes": self.grad_reduce_bytes, "attention_kernel": self.attention_kernel,
                 "per_expert_gemm_calls": self.per_expert_gemm_calls, "fp8_param_gather": self.fp8_param_gather,
-                "recompute_fused_attention": self.recompute_fused_attention}
+                "recompute_fused_attention": self.recompute_fused_attention,
+                "overlap_p2p_comm": self.overlap_p2p_comm}
 
     def apply(self, cfg: RunConfig, **overrides: Any) -> RunConfig:
         """``cfg`` with the stack's runtime options, then the given overrides (None: keep the stack's); TP overlap
@@ -173,4 +177,5 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         attention_kernel=kernel,
         per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options", default=True),
         fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
-        recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True))
+        recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
+        overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True))
