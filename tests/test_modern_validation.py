@@ -88,9 +88,14 @@ def test_the_fitted_profile_values_are_what_the_fit_computes(profile, precision)
 
 
 def test_fp8_group_after_the_fit():
-    fp8 = [abs(r.error) for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups
-           and "MoE" not in r.groups]
-    assert sum(fp8) / len(fp8) < 0.06 and max(fp8) < 0.18
+    """Dense fp8 rows: those without context parallelism (the GEMM ratios' fitting rows and their B200 / GB200
+    checks) within 7%; with ring CP, the H100 rows' own residual (+9% to +19%, 2026-12-05), which no fitted number
+    absorbs, below 20%."""
+    dense = [r for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups and "MoE" not in r.groups]
+    plain = [abs(r.error) for r in dense if "context parallel" not in r.groups]
+    ring = [abs(r.error) for r in dense if "context parallel" in r.groups]
+    assert sum(plain) / len(plain) < 0.04 and max(plain) < 0.07
+    assert len(ring) == 6 and max(ring) < 0.20
 
 
 def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
@@ -103,9 +108,9 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     assert stored["bands"] == compute_bands()["bands"]
     exact = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False)
     assert exact.exact and exact.rows == 4 and exact.label == "H100 / H800, fp8, dense"
-    # the H100 fp8 dense rows with ring CP (3, 11-15% optimistic) have their own, wider band
+    # the H100 fp8 dense rows with ring CP (4, 9-19% optimistic) have their own, wider band
     with_cp = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False, cp=True)
-    assert with_cp.exact and with_cp.rows == 3 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
+    assert with_cp.exact and with_cp.rows == 4 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
     # no bf16 CP row on H100: the family and precision's pooled band
     assert not band_for("NVIDIA H100 80GB SXM5", "bf16", moe=False, cp=True).exact
     assert band_for("NVIDIA A100 80GB SXM4", "bf16", moe=False).mean_abs_error < 0.04
@@ -126,15 +131,17 @@ def test_published_layouts_fit_by_the_memory_model_but_the_offloading_ones():
     """Every modern row ran, so the memory model should let it run. Three do not fit today, each by little: on
     GB200 the Llama 3 70B preset, which offloads 40 layers' activations to the Grace CPU
     (cpu_offloading_num_layers=40, Megatron-Bridge @ 00b7660b, scripts/performance/configs/llama/
-    llama3_workload_base_configs.py; 322 GiB of 169 before offloading was modelled, 181 now), and the 405B row, 3%
-    over; DeepSeek-V3's report layout under DualPipe (two copies of each stage's weights and gradients, PP + 1
-    stage-micro-batches in flight), 0.1% over.
+    llama3_workload_base_configs.py; 322 GiB of 169 before offloading was modelled, 181 now), and the 405B fp8
+    layout (TP 4, PP 16, VPP 4) of 25.11 and 26.06, 3% over; DeepSeek-V3's report layout under DualPipe (two copies
+    of each stage's weights and gradients, PP + 1 stage-micro-batches in flight), 0.1% over.
     Pinned so a memory change that rejects more real runs shows."""
     rows = validate_modern()
     assert sorted(r.id for r in rows if r.fits is False) == ["DSV3-report-H800", "MB2511-GB200-Llama3-70B-fp8",
-                                                            "MB2511-GB200-Llama3.1-405B-fp8"]
+                                                            "MB2511-GB200-Llama3.1-405B-fp8",
+                                                            "MB2606-GB200-Llama3.1-405B-fp8"]
     over = {r.id: r.peak_memory_gib / r.memory_limit_gib for r in rows if r.fits is False}
     assert over["MB2511-GB200-Llama3.1-405B-fp8"] < 1.05 and over["MB2511-GB200-Llama3-70B-fp8"] < 1.10
+    assert over["MB2606-GB200-Llama3.1-405B-fp8"] < 1.05
     assert over["DSV3-report-H800"] < 1.01
 
 
