@@ -10,7 +10,7 @@ from planner.cost.memory import (activation_bytes_per_layer, active_params, gpt_
 from planner.specs.config import RunConfig
 from planner.specs.collectives import IDEAL_COLLECTIVES
 from planner.specs.hardware import Cluster, Link, load_cluster
-from planner.specs.model import load_model, model_from_config
+from planner.specs.model import DENSE_LAYER, load_model, model_from_config
 
 
 def gpt(h, L, a, V=51200, s=2048):
@@ -191,9 +191,40 @@ def test_tp_overlap_hides_the_backward_all_gathers_of_the_row_parallel_layers():
     ag = float(comm.all_gather_s(cluster, group, cfg.tokens_per_rank * model.hidden_size * 2))
     rs = float(comm.reduce_scatter_s(cluster, group, cfg.tokens_per_rank * model.hidden_size * 2))
     intf = cluster.gpu.comm_overlap_interference
-    _, bwd_plain = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=False), group, 1.0)
-    _, bwd_overlap = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=True), group, 1.0)
+    long = [(1.0, 1.0), (1.0, 1.0)]  # each block's column / row GEMMs longer than any collective
+    _, bwd_plain = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=False), group, long)
+    _, bwd_overlap = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=True), group, long)
     assert float(bwd_plain) == pytest.approx(2 * ag + (2 * ag + 2 * rs) * intf, rel=1e-12)
     assert float(bwd_overlap) == pytest.approx((4 * ag + 2 * rs) * intf, rel=1e-12)
-    _, short = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=True), group, 0.5 * ag)  # GEMMs too short
-    assert float(short) == pytest.approx(1.5 * ag + (2.5 * ag + 2 * rs) * intf, rel=1e-12)
+    # one block's row-parallel GEMM half its gather: half of that gather sticks out
+    _, short = tp_layer_comm_s(model, cluster, cfg.with_(tp_comm_overlap=True), group, [(1.0, 0.5 * ag), (1.0, 1.0)])
+    assert float(short) == pytest.approx(0.5 * ag + (3.5 * ag + 2 * rs) * intf, rel=1e-12)
+
+
+def test_tp_overlap_pairs_each_collective_with_its_own_gemm():
+    """Transformer Engine's userbuffers hide the all-gather under the column-parallel GEMM that consumes it and the
+    reduce-scatter under the row-parallel GEMM that produces it: a long MLP does not hide the attention block's
+    collectives. Llama 3.1 405B on 8 H100 with SP, fp8, 4,096 tokens a micro-batch (the CP 2 shard of an 8K
+    sequence, as Megatron-Bridge's H100 recipe runs it): the qkv and output projections are shorter than their
+    0.35 ms gather and scatter, so part of each sticks out, where pooling every GEMM of the layer would have hidden
+    them all."""
+    from planner.cost.compute import layer_ops, tp_overlap_windows
+    from planner.cost.data_parallel import exposed_s
+    from planner.cost.step import tp_layer_comm_s
+
+    model, cluster = load_model("llama-3.1-405b"), load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=8, tp=8, global_batch_size=8, seq_len=4096, sequence_parallel=True,
+                    tp_comm_overlap=True, precision="fp8")
+    group = comm.groups_for(cluster, 8, 1, 1, 1).tp
+    msg = cfg.tokens_per_rank * model.hidden_size * 2  # the micro-batch's activation, bf16
+    assert float(comm.all_gather_s(cluster, group, msg)) == pytest.approx(0.35e-3, rel=0.01)
+    ag, rs = (float(f(cluster, group, msg)) for f in (comm.all_gather_s, comm.reduce_scatter_s))
+    (qkv, proj), (fc1, fc2) = [tuple(float(x) for x in w) for w in
+                               tp_overlap_windows(layer_ops(model, cfg), cluster.gpu, DENSE_LAYER)]
+    assert qkv < ag and proj < rs and fc1 > ag and fc2 > rs  # the attention block's GEMMs are the short ones
+    intf = cluster.gpu.comm_overlap_interference
+    fwd, _ = tp_layer_comm_s(model, cluster, cfg, group, [(qkv, proj), (fc1, fc2)])
+    by_hand = exposed_s(ag, qkv, intf) + exposed_s(rs, proj, intf) + (ag + rs) * intf
+    assert float(fwd) == pytest.approx(by_hand, rel=1e-12)
+    pooled = exposed_s(2 * (ag + rs), qkv + proj + fc1 + fc2, intf)  # what pooling all the layer's GEMMs gives
+    assert float(fwd) > pooled * 1.4

@@ -83,8 +83,8 @@ def test_a_hybrid_layer_pays_one_blocks_tp_collectives():
     cfg = RunConfig(num_gpus=8, tp=8, seq_len=8192, global_batch_size=8, sequence_parallel=True,
                     tp_comm_overlap=False)
     groups = comm.groups_for(H100, 8, 1, 1, 1)
-    one = tp_layer_comm_s(NANO, H100, cfg, groups.tp, 0.0, blocks=1)
-    two = tp_layer_comm_s(NANO, H100, cfg, groups.tp, 0.0, blocks=2)
+    one = tp_layer_comm_s(NANO, H100, cfg, groups.tp, [(0.0, 0.0)])
+    two = tp_layer_comm_s(NANO, H100, cfg, groups.tp, [(0.0, 0.0), (0.0, 0.0)])
     assert float(one[0]) == pytest.approx(float(two[0]) / 2) and float(one[1]) == pytest.approx(float(two[1]) / 2)
     lc = layer_costs(NANO, H100, cfg, groups, MAMBA)
     assert float(lc.tp_fwd_s) == pytest.approx(float(one[0]))

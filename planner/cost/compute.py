@@ -581,10 +581,28 @@ def attention_core_s(ops: list[Op], gpu: GPU, cfg: Config):
     return fwd, np.where(np.asarray(fwd) > 0, bwd / np.where(np.asarray(fwd) > 0, fwd, 1.0), ratio)
 
 
-def linear_gemm_fwd_s(ops: list[Op], gpu: GPU):
-    """Forward time of the layer's linear-layer GEMMs (all GEMMs but the attention core): the window TP
-    communication overlap (``tp_comm_overlap``) can hide collectives under."""
-    return sum(op_time_s(o, gpu) for o in ops if o.kind == "gemm" and o.name not in ATTENTION_CORE_OPS)
+#: per block of a layer, the linear layers TP splits column-wise (their input all-gathered under sequence
+#: parallelism) and row-wise (their output reduce-scattered): Megatron-Core's ColumnParallelLinear /
+#: RowParallelLinear of the mixer (attention or Mamba) and of the feed-forward block (MLP, or the experts and shared
+#: experts of a MoE block)
+TP_COLUMN_GEMMS = {"mixer": ("qkv_proj", "q_proj", "q_down_proj", "q_up_proj", "kv_down_proj", "kv_up_proj",
+                             "mamba_in_proj"),
+                   "ffn": ("mlp_in", "experts_in", "shared_experts_in")}
+TP_ROW_GEMMS = {"mixer": ("attn_out_proj", "mamba_out_proj"), "ffn": ("mlp_out", "experts_out", "shared_experts_out")}
+
+
+def tp_overlap_windows(ops: list[Op], gpu: GPU, kind: LayerKind) -> list[tuple]:
+    """Per TP-split block of a layer of kind ``kind`` (its mixer, then its feed-forward block; ``kind.blocks`` of
+    them), the forward time of the block's column-parallel GEMMs and of its row-parallel GEMMs: the windows its
+    all-gather and its reduce-scatter can hide under. Transformer Engine's userbuffers overlap each collective with
+    the GEMM next to it, not with the layer's others (transformer_engine/pytorch/module/layernorm_linear.py and
+    linear.py: ``ub_overlap_ag`` splits the gathered input's GEMM, qkv / fc1; ``ub_overlap_rs`` the GEMM whose
+    output is scattered, proj / fc2; Megatron-Bridge comm_overlap.py configures qkv_fprop, proj_fprop, fc1_fprop,
+    fc2_fprop)."""
+    times = {o.name: op_time_s(o, gpu) for o in ops if o.kind == "gemm"}
+    blocks = [b for b, present in (("mixer", bool(kind.mixer)), ("ffn", bool(kind.ffn))) if present]
+    return [(sum(times.get(n, 0.0) for n in TP_COLUMN_GEMMS[b]), sum(times.get(n, 0.0) for n in TP_ROW_GEMMS[b]))
+            for b in blocks]
 
 
 # ---------------------------------------------------------------------------------------------------------------

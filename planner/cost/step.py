@@ -14,9 +14,8 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, embedding_ops,
-                                  vision_config, vision_projector_ops, head_ops, layer_ops,
-                                  linear_gemm_fwd_s, model_flops_per_step, mtp_projection_ops, pass_times,
-                                  recomputed)
+                                  vision_config, vision_projector_ops, head_ops, layer_ops, model_flops_per_step,
+                                  mtp_projection_ops, pass_times, recomputed, tp_overlap_windows)
 from planner.cost.context_parallel import NO_CP, cp_layer_cost, mamba_cp_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
                                         expert_shard_degree, exposed_s, gathered_linear_weight_bytes,
@@ -197,34 +196,41 @@ def _floats(obj, row: int | None = None):
     return type(obj)(**{f.name: float(pick(getattr(obj, f.name))) for f in fields(obj)})
 
 
-def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: comm.GroupPlacement, linear_gemm_s,
-                    blocks: int = 2):
+def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: comm.GroupPlacement,
+                    windows: list[tuple]):
     """(forward, backward) TP communication of one layer on the critical path (Megatron, Shoeybi et al. 2019 Sec. 3;
-    Korthikanti et al. 2022 Sec. 4.2.2), for a layer of ``blocks`` TP-split blocks (a transformer layer's attention
-    and MLP: 2; a hybrid model's layer: 1), each a column- then a row-parallel linear layer.
+    Korthikanti et al. 2022 Sec. 4.2.2), for a layer of ``len(windows)`` TP-split blocks (a transformer layer's
+    attention and MLP: 2; a hybrid model's layer: 1), each a column- then a row-parallel linear layer;
+    ``windows``: per block, the forward time of its column- and of its row-parallel GEMMs
+    (``compute.tp_overlap_windows``).
 
     Forward: an all-reduce per block, or an all-gather + a reduce-scatter with SP, all on the critical path, unless
-    ``tp_comm_overlap`` pipelines them with the linear layers' GEMMs (``linear_gemm_s``; Megatron
-    ``--tp-comm-overlap``, Transformer Engine userbuffers), which hides up to the GEMMs' time. Backward: the
-    column-parallel layers' collectives (the async input-gradient all-reduce; with SP the re-gather of the input and
-    the gradient reduce-scatter) overlap their GEMMs; with SP the row-parallel layers' output-gradient all-gathers
-    (1 per block) stay exposed, unless ``tp_comm_overlap`` runs them as ring exchanges inside those layers' dgrad
-    GEMMs (Transformer Engine userbuffers' proj_dgrad / fc2_dgrad, RingExchangeOverlapCfg in every Megatron-Bridge
-    TP-overlap config: src/megatron/bridge/training/comm_overlap.py at v0.2.0), which hides them up to the linear
-    GEMMs' time as in forward. Overlapped communication still costs the compute stream a fraction
-    (``gpu.comm_overlap_interference``) of its duration."""
+    ``tp_comm_overlap`` pipelines each with its own GEMM (Megatron ``--tp-comm-overlap``, Transformer Engine
+    userbuffers: the all-gather under the column-parallel GEMM that consumes the gathered input, the reduce-scatter
+    under the row-parallel GEMM that produces the scattered output), which hides each up to that GEMM's time.
+    Backward: the column-parallel layers' collectives (the async input-gradient all-reduce; with SP the re-gather of
+    the input and the gradient reduce-scatter) overlap their GEMMs; with SP the row-parallel layers' output-gradient
+    all-gathers (1 per block) stay exposed, unless ``tp_comm_overlap`` runs them as ring exchanges inside those
+    layers' dgrad GEMMs (Transformer Engine userbuffers' proj_dgrad / fc2_dgrad, RingExchangeOverlapCfg in every
+    Megatron-Bridge TP-overlap config: src/megatron/bridge/training/comm_overlap.py at v0.2.0), which hides each up
+    to its row-parallel GEMM's time (a dgrad GEMM has its forward's FLOPs). Overlapped communication still costs the
+    compute stream a fraction (``gpu.comm_overlap_interference``) of its duration."""
     intf = cluster.gpu.comm_overlap_interference
+    blocks = len(windows)
     msg = cfg.tokens_per_rank * model.hidden_size * ACT_BYTES
     sp = np.asarray(cfg.sequence_parallel, dtype=bool)
+    overlap = np.asarray(cfg.tp_comm_overlap, dtype=bool)
     ag = comm.all_gather_s(cluster, tp_group, msg)
     rs = comm.reduce_scatter_s(cluster, tp_group, msg)
-    fwd = np.where(sp, blocks * (ag + rs), blocks * comm.all_reduce_s(cluster, tp_group, msg))
+    ar = comm.all_reduce_s(cluster, tp_group, msg)
+    plain = np.where(sp, blocks * (ag + rs), blocks * ar)
+    paired = sum((np.where(sp, exposed_s(ag, col, intf) + exposed_s(rs, row, intf), exposed_s(ar, col + row, intf))
+                  for col, row in windows), np.zeros_like(plain))
+    fwd = np.where(overlap, paired, plain)
     exposed_bwd = np.where(sp, blocks * ag, 0.0)
-    overlapped_bwd = np.where(sp, blocks * ag + blocks * rs, fwd)
-    hidden_bwd = np.where(cfg.tp_comm_overlap, np.minimum(exposed_bwd, linear_gemm_s), 0.0)
+    overlapped_bwd = np.where(sp, blocks * ag + blocks * rs, plain)
+    hidden_bwd = np.where(overlap & sp, sum((np.minimum(ag, row) for _, row in windows), np.zeros_like(plain)), 0.0)
     bwd = exposed_bwd - hidden_bwd + (overlapped_bwd + hidden_bwd) * intf
-    hidden = np.minimum(fwd, linear_gemm_s)
-    fwd = np.where(cfg.tp_comm_overlap, fwd - hidden + hidden * intf, fwd)
     has_tp = np.asarray(cfg.tp) > 1
     return np.where(has_tp, fwd, 0.0), np.where(has_tp, bwd, 0.0)
 
@@ -239,7 +245,8 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     gpu = cluster.gpu
     ops = layer_ops(model, cfg, kind)
     pt = pass_times(ops, gpu, cfg.recompute_modules)
-    tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, linear_gemm_fwd_s(ops, gpu), kind.blocks)
+    windows = tp_overlap_windows(ops, gpu, kind)
+    tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, windows)
     # CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses (all-to-all of
     # heads); a Mamba mixer's all-to-alls; formulas and sources in planner.cost.context_parallel
     attn_s, attn_ratio = attention_core_s(ops, gpu, cfg)
@@ -262,15 +269,17 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
         # "moe" with the all-to-all overlap), and its TP collectives unless the expert-TP gather replaced them
         moe_rec = recompute_module_on(cfg.recompute_modules, "moe")
         rec_ep = np.where(moe_rec, ep_fwd, 0.0)
-        rec_tp = np.where(moe_rec & ~gathered, tp_fwd / kind.blocks, 0.0)
+        # the layer's TP collectives without the MoE block's (its mixer's only: the windows but the last)
+        mixer_fwd, mixer_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, windows[:-1])
+        rec_tp = np.where(moe_rec & ~gathered, tp_fwd - mixer_fwd, 0.0)
         # batch-level overlap (Megatron-Core's merged forward-backward of two micro-batches; DualPipe's F&B): each
         # layer's all-to-alls of one micro-batch, forward and backward, run under the other's kernels of that
         # layer; what sticks out, and the interference of what hides, stays (split evenly over the two passes)
         paired = exposed_s(2 * ep_fwd, pt.fwd_s + pt.bwd_input_s + pt.bwd_weight_s,
                            gpu.comm_overlap_interference) / 2
         ep_fwd = np.where(np.asarray(cfg.ep_comm_overlap, dtype=bool), paired, ep_fwd)
-        tp_fwd = np.where(gathered, tp_fwd * (kind.blocks - 1) / kind.blocks, tp_fwd)
-        tp_bwd = np.where(gathered, tp_bwd * (kind.blocks - 1) / kind.blocks, tp_bwd)
+        tp_fwd = np.where(gathered, mixer_fwd, tp_fwd)
+        tp_bwd = np.where(gathered, mixer_bwd, tp_bwd)
     selective = np.asarray(cfg.recompute) == "selective"
     rec_flops = sum(o.flops * recomputed(o, cfg.recompute_modules) for o in ops)
     # fine-grained activation offloading (Megatron-Core): the listed module inputs go to host memory as the layer's
