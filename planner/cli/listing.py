@@ -109,8 +109,9 @@ def stack_rows() -> list[dict[str, Any]]:
     from planner.specs.stack import DEFAULT_STACK, load_stack, shipped_stacks
 
     def row(name: str, s) -> dict[str, Any]:
-        opts = [k for k in ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
-                if getattr(s, k)] + [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"] + \
+        opts = [k for k in ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+                            "overlap_p2p_comm") if getattr(s, k)] + \
+            [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"] + \
             ([f"attention {s.attention_kernel}"] if s.attention_kernel and s.flash_attention else [])
         return {"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
                 "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
