@@ -170,3 +170,19 @@ def test_torchtitan_spaces_hold_only_recompute_counts_it_checkpoints():
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     torchtitan.sections(json.loads(r.stdout))  # not refused
+
+
+def test_a_stacks_spaces_hold_the_fixed_options_it_decides():
+    """The options a stack decides and a search holds fixed (``STACK_FIXED_FIELDS``, a part of the run's
+    ``FIXED_FIELDS``) reach every search space of the stack as one value, and a RunConfig the stack applies to."""
+    from planner.export.spaces import stack_spaces
+    from planner.specs.config import FIXED_FIELDS, RunConfig
+    from planner.specs.stack import STACK_FIXED_FIELDS, load_stack, shipped_stacks
+
+    assert set(STACK_FIXED_FIELDS) <= set(FIXED_FIELDS)
+    for name in shipped_stacks():
+        stack = load_stack(name)
+        for space in stack_spaces(stack, None, "bf16"):
+            assert {f: getattr(space.fixed, f) for f in STACK_FIXED_FIELDS} == stack.fixed_options(), name
+        applied = stack.apply(RunConfig(num_gpus=8))
+        assert {f: getattr(applied.fixed, f) for f in STACK_FIXED_FIELDS} == stack.fixed_options(), name

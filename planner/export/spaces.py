@@ -94,9 +94,7 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
             hsdp_zero_stages=tuple(z for z in space.hsdp_zero_stages if z in stack.hsdp_zero_stages),
             flash_attention=(stack.flash_attention,), overlap_grad_reduce=(stack.overlap_grad_reduce,),
             overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,),
-            attention_kernel=stack.attention_kernel, per_expert_gemm_calls=stack.per_expert_gemm_calls,
-            fp8_param_gather=stack.fp8_param_gather, recompute_fused_attention=stack.recompute_fused_attention,
-            overlap_p2p_comm=stack.overlap_p2p_comm)
+            **stack.fixed_options())
         if narrowed.schedules and narrowed.zero_stages and narrowed.cp_kinds:
             out.append(narrowed)
     if not out:

@@ -27,6 +27,10 @@ GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
                "recompute_fused_attention", "overlap_p2p_comm")
+#: the options a stack decides that a search holds fixed (of ``config.FIXED_FIELDS``; the run's precision, the
+#: recompute and offload modules and the data's packing are the request's)
+STACK_FIXED_FIELDS = ("attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "recompute_fused_attention",
+                      "overlap_p2p_comm")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -78,14 +82,16 @@ class Stack:
     #: (``options.overlap_p2p_comm``; absent: true, Megatron-Core's default with virtual stages)
     overlap_p2p_comm: bool = True
 
+    def fixed_options(self) -> dict[str, Any]:
+        """The options of ``config.FIXED_FIELDS`` this stack decides (a search holds them in every row):
+        :data:`STACK_FIXED_FIELDS`, by name."""
+        return {f: getattr(self, f) for f in STACK_FIXED_FIELDS}
+
     def options(self) -> dict[str, Any]:
         """The RunConfig runtime options this stack runs with."""
         return {"flash_attention": self.flash_attention, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
-                "grad_reduce_bytes": self.grad_reduce_bytes, "attention_kernel": self.attention_kernel,
-                "per_expert_gemm_calls": self.per_expert_gemm_calls, "fp8_param_gather": self.fp8_param_gather,
-                "recompute_fused_attention": self.recompute_fused_attention,
-                "overlap_p2p_comm": self.overlap_p2p_comm}
+                "grad_reduce_bytes": self.grad_reduce_bytes, **self.fixed_options()}
 
     def apply(self, cfg: RunConfig, **overrides: Any) -> RunConfig:
         """``cfg`` with the stack's runtime options, then the given overrides (None: keep the stack's); TP overlap
