@@ -228,3 +228,25 @@ def test_tp_overlap_pairs_each_collective_with_its_own_gemm():
     assert float(fwd) == pytest.approx(by_hand, rel=1e-12)
     pooled = exposed_s(2 * (ag + rs), qkv + proj + fc1 + fc2, intf)  # what pooling all the layer's GEMMs gives
     assert float(fwd) > pooled * 1.4
+
+
+def test_qk_norm_reads_and_writes_queries_and_keys_and_keeps_its_inputs():
+    """Qwen3's QK-norm (Megatron-Core q_layernorm / k_layernorm): per token and layer an RMSNorm pass over this TP
+    rank's queries and keys, (q + kv) / t elements read and written in bf16 (4 B each way), twice that in backward,
+    and its inputs kept for backward, 2 (q + kv) / t bytes; none for a model without one (Llama)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from planner.cost.compute import elementwise_ops
+    from planner.cost.memory import activation_bytes_per_layer
+
+    qwen = load_model(str(Path(__file__).parents[1] / "planner/validation/models/qwen3-235b-a22b.json"))
+    assert qwen.qk_norm == "head"
+    cfg = RunConfig(num_gpus=8, tp=2, global_batch_size=8, seq_len=4096, sequence_parallel=True)
+    q, kv, t, T = qwen.q_dim, qwen.kv_dim, 2, cfg.tokens_per_rank
+    op = {o.name: o for o in elementwise_ops(qwen, cfg, DENSE_LAYER)}["qk_norm"]
+    assert float(op.hbm_bytes) == 2 * T * 2 * (q + kv) / t and op.bwd_ratio == 2.0
+    assert "qk_norm" not in {o.name for o in elementwise_ops(load_model("llama-3.1-8b"), cfg, DENSE_LAYER)}
+    plain = replace(qwen, qk_norm="")
+    extra = activation_bytes_per_layer(qwen, cfg, "none") - activation_bytes_per_layer(plain, cfg, "none")
+    assert float(extra) == T * 2 * (q + kv) / t

@@ -229,7 +229,7 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
     one each in a hybrid layer), the feed-forward activation and RoPE on the attention's queries and keys; apart
     where a recompute module redoes them: the norms ("layernorm"), the MLP activation ("mlp" in a dense layer,
     "moe" in a MoE layer, and "moe_act" too for the routed experts'), RoPE (with MLA's up-projections,
-    "mla_up_proj")."""
+    "mla_up_proj"); the QK-norm of models that have one (``ModelSpec.qk_norm``) is recomputed by none."""
     t, h, sp = cfg.tp, model.hidden_size, sp_degree(cfg)
     share = kind.blocks / 2  # of a two-block layer's norms and residual adds
     norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
@@ -242,12 +242,16 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
         routed_width, shared_width = 0.0, (model.ffn_hidden_size / t if kind.ffn else 0.0)
     rotary = kind.mixer == "attention" and model.rotary_positions and not model.learned_positions
     rope_elems = 2 * (model.q_dim + model.kv_dim) / t if rotary else 0
+    # QK-norm (Qwen3, Gemma 3: per head; OLMo 2: over the whole projection): an RMSNorm reads this rank's queries
+    # and keys and writes them back (Megatron-Core attention.py q_layernorm / k_layernorm, qk_layernorm=True)
+    qk_elems = 2 * (model.q_dim + model.kv_dim) / t if (kind.mixer == "attention" and model.qk_norm) else 0
     ops = []
     for name, elems, module in (("norms", share * model.norms_per_layer * norm_elems * h / sp, "layernorm"),
                                 ("residual", share * 2 * resid_elems * h / sp, ""),
                                 ("mlp_act", per_elem * shared_width, "moe" if kind.moe else "mlp"),
                                 ("moe_act", per_elem * routed_width, "moe_act,moe"),
-                                ("rope", rope_elems, "mla_up_proj" if model.is_mla else "")):
+                                ("rope", rope_elems, "mla_up_proj" if model.is_mla else ""),
+                                ("qk_norm", qk_elems, "")):
         if np.any(elems):
             ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * cfg.tokens_per_rank * elems, bwd_ratio=2.0,
                           weight_grad_fraction=0.0, recompute_module=module))

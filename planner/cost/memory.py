@@ -180,6 +180,7 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
       replicated across TP unless SP: two norm inputs 4h, QKV input 2h, MLP input 2h, two dropout masks 2h
       split by TP: Q 2q, K and V 4kv, attention output 2q, MLP: GELU 4f (input + fc2 input) or SwiGLU 6f
       score matrix (no flash kernel, no selective recompute): 5 a s with dropout (2 a s without), split by TP
+      with a QK-norm (Qwen3, Gemma 3, OLMo 2): the norms' inputs, Q 2q and K 2kv, split by TP
     Full recompute keeps only the layer input, 2h (split by TP with SP, as Megatron stores it). Selective
     recomputation drops what its modules redo; "mlp" and "moe" (a dense MLP, a whole MoE block: Megatron-Core's
     ``tensor_parallel.checkpoint`` around it) keep only the block's input, 2h.
@@ -229,6 +230,8 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         if model.is_mla:
             qkv = np.where(on("mla_up_proj"), 0.0, qkv)
         split = qkv + 2 * model.attn_out_dim + mlp + fp8_copy * model.attn_out_dim
+        if model.qk_norm:  # the QK-norm's RMSNorms keep their inputs, the projected Q and K (bf16), for backward
+            split = split + 2 * (model.q_dim + model.kv_dim)
     elif kind.mixer == "mamba":
         # Megatron-Core's training path (mamba_split_conv1d_scan_combined) keeps the in-projection's output z x B C
         # dt and the scan's raw output (mamba_ssm MambaSplitConv1dScanCombinedFn.save_for_backward), then the
