@@ -140,13 +140,36 @@ def test_family_rules_read_from_the_config():
     assert sc2.sliding_window_layers == 40 and sc2.linear_bias and not sc2.gated_mlp
 
 
-def test_interleaved_moe_layers_are_refused_with_the_field_named():
+def test_interleaved_moe_layers_from_config_json():
+    """MoE layers interleaved with dense ones (issue 16, heterogeneous layers): Llama 4 Maverick's
+    interleave_moe_layer_step 2 (transformers' Llama4TextConfig: layers 1, 3, ... MoE, the dense ones of
+    intermediate_size_mlp width), its explicit moe_layers list, Qwen-MoE's decoder_sparse_step with mlp_only_layers;
+    Maverick's shipped spec holds Meta's published sizes, 400B total and 17B active (model card), and exports
+    Megatron-LM's --moe-layer-freq as the repeating unit (DeepSeek-V3's leading dense layers as runs)."""
+    from planner.cost.memory import active_params, total_params
+    from planner.export.megatron import moe_layer_freq
+    from planner.specs.model import load_model
+
     maverick = json.loads(json.dumps(LLAMA4_SCOUT))
-    maverick["text_config"]["interleave_moe_layer_step"] = 2
-    with pytest.raises(PlannerError, match="interleave_moe_layer_step"):
-        model_from_config(maverick)
-    with pytest.raises(PlannerError, match="mlp_only_layers"):
-        model_from_config({**QWEN3_30B_A3B, "mlp_only_layers": [0, 1]})
+    maverick["text_config"].update(interleave_moe_layer_step=2, num_local_experts=128)
+    m = model_from_config(maverick)
+    assert m.moe_layer_pattern == "DE" * 24 and m.num_moe_layers == 24 and m.kind_index[:4] == (0, 1, 0, 1)
+    listed = json.loads(json.dumps(maverick))
+    listed["text_config"]["moe_layers"] = list(range(1, 48, 2))
+    assert model_from_config(listed).moe_layer_pattern == m.moe_layer_pattern
+    qwen = model_from_config({**QWEN3_30B_A3B, "decoder_sparse_step": 2, "mlp_only_layers": [1]})
+    assert qwen.moe_layer_pattern[:6] == "DDDEDE" and qwen.num_moe_layers == 23
+    assert model_from_config({**QWEN3_30B_A3B, "mlp_only_layers": []}).moe_layer_pattern == ""  # every layer MoE
+    shipped = load_model("llama-4-maverick")
+    assert shipped.moe_layer_pattern == "DE" * 24
+    assert total_params(shipped, 8192) == pytest.approx(400e9, rel=0.005)
+    assert active_params(shipped, 8192) == pytest.approx(17e9, rel=0.02)  # 17.2B
+    assert moe_layer_freq(shipped) == "([0,1]*24)"
+    assert moe_layer_freq(load_model("deepseek-v3")) == "([0]*3+[1]*58)"
+    with pytest.raises(PlannerError, match="moe_layers"):
+        bad = json.loads(json.dumps(maverick))
+        bad["text_config"]["moe_layers"] = [48]
+        model_from_config(bad)
     with pytest.raises(PlannerError, match="unknown model_type 'bert'") as e:
         model_from_config({"model_type": "bert"})
     assert "qwen3_moe" in str(e.value) and len(SUPPORTED_MODEL_TYPES) >= 20

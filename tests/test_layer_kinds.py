@@ -224,3 +224,24 @@ def test_plan_cli_plans_a_vlm_under_the_default_stack_and_emit_says_why_not(tmp_
     assert json.loads(r.stdout)["parallelism"]["pp"] == 8
     r = CliRunner().invoke(app, base + ["--emit", "megatron"])
     assert r.exit_code != 0 and "vision encoder" in r.output and "Traceback" not in r.output
+
+
+#: a small Qwen-MoE-like model whose MoE layers alternate with dense ones (decoder_sparse_step 2)
+INTERLEAVED = model_from_config({"model_type": "qwen2_moe", "hidden_size": 1024, "intermediate_size": 4096,
+                                 "moe_intermediate_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 8,
+                                 "num_key_value_heads": 8, "num_experts": 8, "num_experts_per_tok": 2,
+                                 "decoder_sparse_step": 2, "vocab_size": 32000, "max_position_embeddings": 8192})
+
+
+def test_search_is_exact_with_interleaved_moe_layers():
+    """MoE layers between dense ones (``moe_layer_pattern``): brute force over every row of a small space with
+    expert parallelism and virtual stages = the search's best, no bound above an exact value; a stage's MoE layers
+    are where the pattern puts them."""
+    assert INTERLEAVED.moe_layer_pattern == "DE" * 4
+    space = SearchSpace(partial_recompute=False, tp_values=(1, 2), schedules=("1f1b", "interleaved-1f1b"),
+                        zero_stages=(1,), hsdp_node_spans=(), cp_kinds=("ring",))
+    cfgs = assert_search_is_exact(INTERLEAVED, 8, 16, 4096, space)
+    assert any(c.ep > 1 for c in cfgs) and any(c.vpp > 1 for c in cfgs)
+    # PP 2: each stage holds two dense and two MoE layers; the estimate's parameters say so
+    e = estimate(INTERLEAVED, H100, RunConfig(num_gpus=8, pp=2, ep=4, global_batch_size=16, seq_len=4096))
+    assert e.stages[0].params_expert == pytest.approx(e.stages[1].params_expert) and e.stages[0].params_expert > 0

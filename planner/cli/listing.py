@@ -149,7 +149,7 @@ ROWS = {"models": model_rows, "clusters": cluster_rows, "schedules": schedule_ro
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "models": [("name", "name", "{}"), ("params_b", "params (B)", "{:.1f}"), ("layers", "layers", "{}"),
                ("hidden_size", "hidden", "{}"), ("heads", "heads", "{}"), ("kv_heads", "KV heads", "{}"),
-               ("vocab_size", "vocab", "{}"), ("max_seq_len", "max seq", "{}"), ("experts", "experts", "{}")],
+               ("vocab_size", "vocab", "{}"), ("max_seq_len", "max seq", "tokens"), ("experts", "experts", "{}")],
     "clusters": [("name", "name", "{}"), ("gpu", "GPU", "{}"), ("bf16_tflops", "bf16 TFLOP/s", "{:.0f}"),
                  ("hbm_gib", "HBM GiB", "{:.1f}"), ("gpus_per_node", "GPUs/node", "{}"),
                  ("intra_node_gb_s", "intra-node GB/s", "{:.0f}"), ("inter_node_gb_s", "inter-node GB/s per GPU",
@@ -166,6 +166,14 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "launchers": [("name", "name", "{}"), ("release", "targets", "{}"), ("format", "writes", "{}"),
                   ("checked_by", "checked by", "{}"), ("schedules", "schedules", "{}")],
 }
+
+
+def _cell(fmt: str, value: Any) -> str:
+    """A table cell: ``fmt.format(value)``, or with ``fmt`` "tokens" a token count in K where it is a multiple of
+    1,024 (131072 -> 128K), so million-token contexts keep the models table within 80 columns."""
+    if fmt == "tokens":
+        return f"{value // 1024}K" if value >= 1024 and value % 1024 == 0 else str(value)
+    return fmt.format(value)
 
 
 @app.command("list")
@@ -191,5 +199,5 @@ def list_(
         if "error" in row:
             t.add_row(row["name"], f"[red]{row['error']}[/]", *([""] * (len(cols) - 2)))
             continue
-        t.add_row(*("" if row[k] is None else fmt.format(row[k]) for k, _, fmt in cols))
+        t.add_row(*("" if row[k] is None else _cell(fmt, row[k]) for k, _, fmt in cols))
     console().print(t)

@@ -15,6 +15,7 @@ pipeline parallelism (Megatron FSDP shards over the data-parallel group of a mod
 
 from __future__ import annotations
 
+import itertools
 import shlex
 from typing import Any
 
@@ -139,9 +140,8 @@ def _model_args(view: PlanView) -> list[str]:
                  "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
         if m.num_shared_experts:
             args += ["--moe-shared-expert-intermediate-size", str(m.num_shared_experts * m.moe_ffn_hidden_size)]
-        if m.first_k_dense_layers and not m.layer_pattern:
-            k = m.first_k_dense_layers
-            args += ["--moe-layer-freq", f"([0]*{k}+[1]*{m.num_layers - k})"]
+        if (m.first_k_dense_layers or m.moe_layer_pattern) and not m.layer_pattern:
+            args += ["--moe-layer-freq", moe_layer_freq(m)]
     if m.is_mla:
         args.append("--multi-latent-attention")
         if m.q_lora_rank:
@@ -150,6 +150,19 @@ def _model_args(view: PlanView) -> list[str]:
     if m.layer_pattern:
         args += _hybrid_args(view)
     return args
+
+
+def moe_layer_freq(model) -> str:
+    """Megatron-LM's ``--moe-layer-freq`` as a list expression (arguments.py moe_freq_type: 1 a MoE layer, 0 a
+    dense one, per layer): the shortest repeating unit of the model's layers times its count where there is one
+    (Llama 4 Maverick: ``([0,1]*24)``), else the runs (DeepSeek-V3: ``([0]*3+[1]*58)``)."""
+    bits = [str(k) for k in model.kind_index]
+    L = len(bits)
+    for p in range(1, L // 2 + 1):
+        if L % p == 0 and bits == bits[:p] * (L // p):
+            return f"([{','.join(bits[:p])}]*{L // p})"
+    runs = [(b, len(list(g))) for b, g in itertools.groupby(bits)]
+    return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
 
 
 def arguments(plan: Any, source: str = "<plan>") -> list[str]:

@@ -145,7 +145,8 @@ def _rank_costs(model: ModelSpec, cfg: RunConfig, rates: _Rates, limit: float, r
         inside = ai + n <= L
         per_kind = [np.where(inside, before[k][end] - before[k][ai], 0.0) for k in range(n_kinds)]
         per_kind[0] = n - sum(per_kind[1:])
-    elif model.is_moe and not model.layer_pattern:  # a MoE model's layers count as its majority kind
+    elif model.is_moe and not model.layer_pattern and not model.moe_layer_pattern:  # leading dense layers: the
+        # layers count as the model's majority kind
         per_kind = [n, 0 * n] if model.first_k_dense_layers * 2 > L else [0 * n, n]
     else:  # interleaved kinds: in proportion
         share = [model.kind_index.count(k) / L for k in range(n_kinds)]

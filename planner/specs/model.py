@@ -122,6 +122,10 @@ class ModelSpec:
     moe_ffn_hidden_size: int = 0
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
+    #: which layers of a MoE model are MoE ("E") and which dense ("D"), one letter per layer, where they interleave
+    #: (Llama 4 Maverick's ``interleave_moe_layer_step`` 2, Qwen-MoE's ``decoder_sparse_step`` / ``mlp_only_layers``);
+    #: "" = dense below ``first_k_dense_layers``, MoE from there on
+    moe_layer_pattern: str = ""
     #: group-limited routing (DeepSeek-V3 report Sec. 2.1.2 / 3.2.2, HF ``n_group`` / ``topk_group``): experts
     #: form ``expert_groups`` groups and each token's experts lie in at most ``expert_groups_per_token`` of them;
     #: deployed one group per node, a token crosses the network to at most that many nodes. 0 = unrestricted
@@ -231,6 +235,8 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         if self.layer_pattern:
             return self.layer_pattern.count("E")
+        if self.moe_layer_pattern:
+            return self.moe_layer_pattern.count("E")
         return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
 
     @property
@@ -267,6 +273,8 @@ class ModelSpec:
         """Per layer (model order), its kind: an index into :attr:`layer_kinds`."""
         if self.layer_pattern:
             return tuple(self.hybrid_symbols.index(c) for c in self.layer_pattern)
+        if self.is_moe and self.moe_layer_pattern:
+            return tuple(int(c == "E") for c in self.moe_layer_pattern)
         if self.is_moe:
             return tuple(int(i >= self.first_k_dense_layers) for i in range(self.num_layers))
         if self.positional_windows:
@@ -280,7 +288,7 @@ class ModelSpec:
         if self.layer_pattern:
             return self.with_(layer_pattern=self.hybrid_symbols[kind] * L, layer_symbols=self.hybrid_symbols)
         if self.is_moe:
-            return self.with_(first_k_dense_layers=0 if kind else L)
+            return self.with_(first_k_dense_layers=0 if kind else L, moe_layer_pattern="")
         if self.positional_windows:
             return self.with_(attention_pattern="LG"[not kind] * L, sliding_window_layers=L if kind else 0)
         return self
@@ -477,7 +485,6 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
         moe_ffn = shared = 0
         dense_ffn = f.int("intermediate_size_mlp", "intermediate_size")  # Llama 4: the dense layers' width
         if num_experts:
-            _uniform_moe_layers(f, model_type)
             moe_ffn = f.int("moe_intermediate_size", default=0, minimum=0) or f.int("intermediate_size")
             shared = f.int("n_shared_experts", default=1 if model_type in ("llama4", "llama4_text") else 0,
                            minimum=0)
@@ -505,6 +512,7 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
             moe_ffn_hidden_size=moe_ffn,
             num_shared_experts=shared,
             first_k_dense_layers=f.int("first_k_dense_replace", default=0, minimum=0),
+            moe_layer_pattern=_moe_layer_pattern(f, layers) if num_experts else "",
             expert_groups=f.int("n_group", default=0, minimum=0) if num_experts else 0,
             expert_groups_per_token=f.int("topk_group", default=0, minimum=0) if num_experts else 0,
             q_lora_rank=f.int("q_lora_rank", default=0, minimum=0),
@@ -524,18 +532,29 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
     return spec
 
 
-def _uniform_moe_layers(f: "_Fields", model_type: str) -> None:
-    """Refuse MoE layouts the layer model cannot hold yet: MoE layers interleaved with dense ones (Llama 4
-    Maverick's ``interleave_moe_layer_step`` 2, Qwen MoE's ``decoder_sparse_step`` > 1 or ``mlp_only_layers``);
-    leading dense layers (``first_k_dense_replace``) are fine."""
-    for key in ("interleave_moe_layer_step", "decoder_sparse_step"):
-        if f.int(key, default=1, minimum=1) != 1:
-            raise PlannerError(f"MoE layers interleaved with dense ones ({key} {f.data[key]}) are not supported yet",
-                               source=f.source, field=key, fix="every layer MoE (1), or leading dense layers via "
-                                                                "first_k_dense_replace")
-    if f.data.get("mlp_only_layers"):
-        raise PlannerError("dense layers among the MoE layers (mlp_only_layers) are not supported yet",
-                           source=f.source, field="mlp_only_layers", fix="an empty list")
+def _moe_layer_pattern(f: "_Fields", layers: int) -> str:
+    """Which layers are MoE where MoE and dense layers interleave (``ModelSpec.moe_layer_pattern``), from
+    config.json: Llama 4's ``moe_layers`` or ``interleave_moe_layer_step`` k (transformers' Llama4TextConfig: layers
+    k-1, 2k-1, ... are MoE), Qwen-MoE's ``decoder_sparse_step`` k with ``mlp_only_layers`` (transformers'
+    Qwen2MoeDecoderLayer: layer i is MoE when it is not listed and (i + 1) % k == 0); "" where every layer from
+    ``first_k_dense_replace`` on is MoE."""
+    listed = f.data.get("moe_layers")
+    if listed is not None:
+        if not isinstance(listed, list) or not all(isinstance(i, int) and 0 <= i < layers for i in listed):
+            raise PlannerError(f"must list layer indices in 0..{layers - 1}", source=f.source, field="moe_layers")
+        moe = set(listed)
+    else:
+        step = f.int("interleave_moe_layer_step", "decoder_sparse_step", default=1, minimum=1)
+        dense = f.data.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
+            raise PlannerError("must list layer indices", source=f.source, field="mlp_only_layers")
+        moe = {i for i in range(layers) if (i + 1) % step == 0 and i not in set(dense)}
+    if moe == set(range(layers)):
+        return ""
+    if not moe:
+        raise PlannerError("no layer is a MoE layer", source=f.source, field="interleave_moe_layer_step",
+                           fix="a step no larger than num_hidden_layers")
+    return "".join("E" if i in moe else "D" for i in range(layers))
 
 
 def _gpt_like(f: "_Fields", model_type: str, name: str, src: str) -> ModelSpec:
@@ -746,6 +765,12 @@ def validate_model(spec: ModelSpec, source: str) -> None:
             raise PlannerError(f"mamba_num_heads ({spec.mamba_heads}) is not a multiple of n_groups "
                                f"({spec.mamba_groups})", source=source, field="n_groups",
                                fix="Megatron-Core's MambaMixer needs heads divisible by groups")
+    if spec.moe_layer_pattern and (len(spec.moe_layer_pattern) != spec.num_layers
+                                   or set(spec.moe_layer_pattern) - set("DE") or not spec.is_moe
+                                   or spec.first_k_dense_layers or spec.layer_pattern):
+        raise PlannerError(f"moe_layer_pattern must give one of D (dense) / E (MoE) for each of the "
+                           f"{spec.num_layers} layers of a MoE model without first_k_dense_replace or a hybrid "
+                           f"pattern", source=source, field="moe_layer_pattern")
     if spec.first_k_dense_layers > spec.num_layers:
         raise PlannerError("first_k_dense_replace is larger than num_hidden_layers", source=source,
                            field="first_k_dense_replace")
