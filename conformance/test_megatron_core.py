@@ -54,6 +54,8 @@ EXTRA = [
          fp8_param_gather=True, attention_kernel="cudnn"),
     dict(model="llama-3.1-8b", num_gpus=16, tp=2, global_batch_size=32, seq_len=8192, precision="mxfp8",
          fp8_param_gather=True, attention_kernel="flash-attention-3"),
+    # MoE layers between dense ones (Llama 4 Maverick: --moe-layer-freq '([0,1]*24)')
+    dict(model="llama-4-maverick", num_gpus=64, tp=2, pp=2, ep=8, etp=1, global_batch_size=64, seq_len=8192),
     # blocking pipeline sends with virtual stages (--no-overlap-p2p-communication: the megatron-2021 stack's)
     dict(model="llama-3.1-8b", num_gpus=16, tp=2, pp=2, vpp=2, schedule="interleaved-1f1b", global_batch_size=32,
          seq_len=8192, overlap_p2p_comm=False),
@@ -113,6 +115,10 @@ def configs_from_args(args: list[str]):
     ddp_hints = typing.get_type_hints(DistributedDataParallelConfig)
     tf, ddp = {}, {}
     for name, value in opts.items():
+        if name == "moe_layer_freq":  # Megatron-LM's moe_freq_type: an int, or a Python list expression it evaluates
+            word = value[0]
+            tf["moe_layer_freq"] = eval(word, {"__builtins__": {}}) if "[" in word else int(word)
+            continue
         field = RENAMES.get(name, name)
         if field is None:
             continue
@@ -193,6 +199,12 @@ def test_megatron_core_accepts_every_export(name, plan, text):
     opts = plan["options"]
     if opts.get("fp8_param_gather") and opts.get("precision") in ("fp8", "mxfp8") and par["zero_stage"] >= 1:
         assert ddp.fp8_param_gather and ddp.reuse_grad_buf_for_mxfp8_param_ag == (opts["precision"] == "mxfp8")
+    spec = plan["model_spec"]
+    if spec.get("num_experts") and (spec.get("moe_layer_pattern") or spec.get("first_k_dense_layers")):
+        # the dense and MoE layers where the plan costed them, as Megatron-LM's moe_freq_type reads the list
+        pattern = spec.get("moe_layer_pattern") or "D" * spec["first_k_dense_layers"] + "E" * (
+            spec["num_layers"] - spec["first_k_dense_layers"])
+        assert tf.moe_layer_freq == [int(c == "E") for c in pattern]
     if par["pp"] > 1 and par["vpp"] > 1:  # Megatron-Core's interleaved schedule sends as the plan was costed
         assert tf.overlap_p2p_comm is opts.get("overlap_p2p_comm", True)
     if opts.get("attention_kernel"):  # Megatron-Core's AttnBackend, as Megatron-LM's parser makes it
@@ -204,6 +216,7 @@ def test_the_extra_spread_covers_what_it_says():
     assert any("moe" in s.get("recompute_modules", "") for s in EXTRA)
     assert any(s.get("ep_comm_overlap") for s in EXTRA) and any(s.get("layers_per_stage") for s in EXTRA)
     assert any(s.get("overlap_p2p_comm") is False for s in EXTRA)
+    assert any(s["model"] == "llama-4-maverick" for s in EXTRA)
     assert any(s.get("fp8_param_gather") and s.get("precision") == "mxfp8" for s in EXTRA)
     assert {s.get("attention_kernel") for s in EXTRA} >= {"cudnn", "flash-attention-3"}
     assert CONFIGS  # the launchers' spread is shared
