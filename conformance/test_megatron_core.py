@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import subprocess
 import typing
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,6 +55,9 @@ EXTRA = [
          fp8_param_gather=True, attention_kernel="cudnn"),
     dict(model="llama-3.1-8b", num_gpus=16, tp=2, global_batch_size=32, seq_len=8192, precision="mxfp8",
          fp8_param_gather=True, attention_kernel="flash-attention-3"),
+    # sliding-window attention on alternate layers (gpt-oss: --window-size 128,0 --window-attn-skip-freq 2)
+    dict(model="planner/validation/models/gpt-oss-120b.json", num_gpus=64, ep=8, global_batch_size=64,
+         seq_len=4096),
     # MoE layers between dense ones (Llama 4 Maverick: --moe-layer-freq '([0,1]*24)')
     dict(model="llama-4-maverick", num_gpus=64, tp=2, pp=2, ep=8, etp=1, global_batch_size=64, seq_len=8192),
     # blocking pipeline sends with virtual stages (--no-overlap-p2p-communication: the megatron-2021 stack's)
@@ -115,9 +119,13 @@ def configs_from_args(args: list[str]):
     ddp_hints = typing.get_type_hints(DistributedDataParallelConfig)
     tf, ddp = {}, {}
     for name, value in opts.items():
-        if name == "moe_layer_freq":  # Megatron-LM's moe_freq_type: an int, or a Python list expression it evaluates
+        if name in ("moe_layer_freq", "window_attn_skip_freq"):  # Megatron-LM's moe_freq_type: an int, or a Python
+            # list expression it evaluates
             word = value[0]
-            tf["moe_layer_freq"] = eval(word, {"__builtins__": {}}) if "[" in word else int(word)
+            tf[name] = eval(word, {"__builtins__": {}}) if "[" in word else int(word)
+            continue
+        if name == "window_size":  # Megatron-LM's tuple_type: "128,0" -> (128, 0)
+            tf[name] = tuple(int(i) for i in value[0].strip("()").split(","))
             continue
         field = RENAMES.get(name, name)
         if field is None:
@@ -162,7 +170,7 @@ def _megatron_plans():
     """The launchers' spread planned for Megatron-LM, the extra plans above, each with its export (a hand-written
     corner Megatron-LM cannot run, a torchtitan-only schedule, is left out by the exporter's refusal)."""
     out = [(n, p) for n, p in _plans("megatron")]
-    out += [(f"megatron-extra-{i}-{spec['model']}", _plan(spec)) for i, spec in enumerate(EXTRA)]
+    out += [(f"megatron-extra-{i}-{Path(spec['model']).stem}", _plan(spec)) for i, spec in enumerate(EXTRA)]
     kept = []
     for name, plan in out:
         try:
@@ -205,6 +213,14 @@ def test_megatron_core_accepts_every_export(name, plan, text):
         pattern = spec.get("moe_layer_pattern") or "D" * spec["first_k_dense_layers"] + "E" * (
             spec["num_layers"] - spec["first_k_dense_layers"])
         assert tf.moe_layer_freq == [int(c == "E") for c in pattern]
+    if spec.get("sliding_window") and spec.get("model_type") not in ("llama4", "llama4_text"):
+        # each layer windowed or global as the plan costed it, by Megatron-Core's own rule
+        from megatron.core.transformer.utils import is_layer_window_attention
+
+        pattern = spec.get("attention_pattern") or "L" * spec["num_layers"]
+        assert tf.window_size == (spec["sliding_window"], 0)
+        assert [is_layer_window_attention(tf.window_size, tf.window_attn_skip_freq, i + 1)
+                for i in range(spec["num_layers"])] == [c == "L" for c in pattern]
     if par["pp"] > 1 and par["vpp"] > 1:  # Megatron-Core's interleaved schedule sends as the plan was costed
         assert tf.overlap_p2p_comm is opts.get("overlap_p2p_comm", True)
     if opts.get("attention_kernel"):  # Megatron-Core's AttnBackend, as Megatron-LM's parser makes it
@@ -216,7 +232,7 @@ def test_the_extra_spread_covers_what_it_says():
     assert any("moe" in s.get("recompute_modules", "") for s in EXTRA)
     assert any(s.get("ep_comm_overlap") for s in EXTRA) and any(s.get("layers_per_stage") for s in EXTRA)
     assert any(s.get("overlap_p2p_comm") is False for s in EXTRA)
-    assert any(s["model"] == "llama-4-maverick" for s in EXTRA)
+    assert any(s["model"] == "llama-4-maverick" for s in EXTRA) and any("gpt-oss" in s["model"] for s in EXTRA)
     assert any(s.get("fp8_param_gather") and s.get("precision") == "mxfp8" for s in EXTRA)
     assert {s.get("attention_kernel") for s in EXTRA} >= {"cudnn", "flash-attention-3"}
     assert CONFIGS  # the launchers' spread is shared

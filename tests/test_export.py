@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import tomllib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -34,7 +35,9 @@ MEGATRON_FLAGS = {
     "--global-batch-size", "--seq-length", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce",
     "--overlap-param-gather", "--tp-comm-overlap", "--accumulate-allreduce-grads-in-fp32", "--num-layers",
-    "--num-distributed-optimizer-instances", "--attention-backend", "--no-overlap-p2p-communication",
+    "--num-distributed-optimizer-instances", "--attention-backend", "--no-overlap-p2p-communication", "--window-size",
+    "--moe-router-pre-softmax",
+    "--window-attn-skip-freq",
     "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups",
     "--kv-channels", "--max-position-embeddings", "--untie-embeddings-and-output-weights", "--swiglu",
     "--normalization", "--position-embedding-type", "--disable-bias-linear", "--attention-dropout", "--hidden-dropout",
@@ -722,3 +725,33 @@ def test_megatron_exports_what_megatron_core_asks_of_moe_and_fp8():
     assert nemo.overrides(plan)["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
     plain = config_only_plan(model="mixtral-8x7b", num_gpus=64, ep=8, global_batch_size=64, precision="fp8")
     assert "--fp8-recipe delayed" in " ".join(megatron.render(plain).split())
+
+
+def test_megatron_export_writes_the_sliding_windows_the_plan_costs():
+    """A plan costed with sliding-window attention exports it (the launched model would attend fully otherwise):
+    gpt-oss's 128-token window on alternate layers as --window-size 128,0 --window-attn-skip-freq 2 (Megatron-Core's
+    is_layer_window_attention: every 2nd layer global, as its layer_types say), Gemma 3's five local to one global
+    over 62 layers as a per-layer list, Mistral's window on every layer with no skip; Llama 4's chunked attention,
+    which Megatron-Core lacks, is not written. Top-1 routing adds --moe-router-pre-softmax, which Megatron-Core's
+    TransformerConfig requires with one expert per token (the conformance check found it)."""
+    from dataclasses import asdict
+
+    from planner.export._common import read_plan
+    from planner.export.megatron import _model_args, window_args
+    from planner.plan import config_fields
+    from planner.specs.model import load_model, model_from_config
+    from tests.test_hf_models import GEMMA3_27B, MISTRAL_NEMO
+
+    oss = load_model(str(Path(__file__).parents[1] / "planner/validation/models/gpt-oss-120b.json"))
+    assert window_args(oss) == ["--window-size", "128,0", "--window-attn-skip-freq", "2"]
+    gemma = window_args(model_from_config(GEMMA3_27B))
+    bits = eval(gemma[3], {"__builtins__": {}})
+    assert gemma[:2] == ["--window-size", "1024,0"] and len(bits) == 62 and bits[5] == 0 and sum(bits) == 52
+    mistral = model_from_config({**MISTRAL_NEMO, "sliding_window": 4096})
+    assert window_args(mistral) == ["--window-size", "4096,0"]
+    maverick = load_model("llama-4-maverick")
+    assert maverick.sliding_window and window_args(maverick) == []
+    cfg = RunConfig(num_gpus=64, tp=2, ep=8, etp=1, global_batch_size=64, seq_len=8192, sequence_parallel=True)
+    plan = json.loads(json.dumps({"schema_version": "1.0", "model": maverick.name, "cluster": "h100-80gb-sxm",
+                                  **config_fields(maverick, cfg), "model_spec": asdict(maverick)}))
+    assert "--moe-router-pre-softmax" in _model_args(read_plan(plan))

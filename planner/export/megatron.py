@@ -128,6 +128,7 @@ def _model_args(view: PlanView) -> list[str]:
         args += ["--position-embedding-type", "rope"]
     if not (m.linear_bias or m.mlp_bias):
         args.append("--disable-bias-linear")
+    args += window_args(m)
     if not m.dropout:
         args += ["--attention-dropout", "0", "--hidden-dropout", "0"]
     if m.is_moe:
@@ -138,6 +139,8 @@ def _model_args(view: PlanView) -> list[str]:
                  # all-gather dispatcher and one GEMM per expert, and its --overlap-moe-expert-parallel-comm and
                  # moe_act recomputation need these (TransformerConfig.__post_init__)
                  "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        if m.experts_per_token == 1:  # TransformerConfig: "Please use --moe-router-pre-softmax when topk is 1"
+            args.append("--moe-router-pre-softmax")
         if m.num_shared_experts:
             args += ["--moe-shared-expert-intermediate-size", str(m.num_shared_experts * m.moe_ffn_hidden_size)]
         if (m.first_k_dense_layers or m.moe_layer_pattern) and not m.layer_pattern:
@@ -152,17 +155,46 @@ def _model_args(view: PlanView) -> list[str]:
     return args
 
 
-def moe_layer_freq(model) -> str:
-    """Megatron-LM's ``--moe-layer-freq`` as a list expression (arguments.py moe_freq_type: 1 a MoE layer, 0 a
-    dense one, per layer): the shortest repeating unit of the model's layers times its count where there is one
-    (Llama 4 Maverick: ``([0,1]*24)``), else the runs (DeepSeek-V3: ``([0]*3+[1]*58)``)."""
-    bits = [str(k) for k in model.kind_index]
-    L = len(bits)
+def layer_list_expression(bits: list[int]) -> str:
+    """A per-layer 0 / 1 list as the Python list expression Megatron-LM's ``moe_freq_type`` evaluates
+    (megatron/training/arguments.py: ``--moe-layer-freq``, ``--window-attn-skip-freq``): the shortest repeating unit
+    times its count where there is one (``([0,1]*24)``), else the runs (``([0]*3+[1]*58)``)."""
+    words, L = [str(int(b)) for b in bits], len(bits)
     for p in range(1, L // 2 + 1):
-        if L % p == 0 and bits == bits[:p] * (L // p):
-            return f"([{','.join(bits[:p])}]*{L // p})"
-    runs = [(b, len(list(g))) for b, g in itertools.groupby(bits)]
+        if L % p == 0 and words == words[:p] * (L // p):
+            return f"([{','.join(words[:p])}]*{L // p})"
+    runs = [(b, len(list(g))) for b, g in itertools.groupby(words)]
     return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
+
+
+def moe_layer_freq(model) -> str:
+    """Megatron-LM's ``--moe-layer-freq`` (1 a MoE layer, 0 a dense one, per layer): Llama 4 Maverick
+    ``([0,1]*24)``, DeepSeek-V3 ``([0]*3+[1]*58)``."""
+    return layer_list_expression(list(model.kind_index))
+
+
+def window_args(model) -> list[str]:
+    """Sliding-window attention as the plan costs it: ``--window-size W,0`` (Transformer Engine's (left, right)
+    window, as Megatron-Bridge's gpt-oss provider writes window_size=(128, 0) for a 128-token sliding_window) and,
+    where some layers attend globally, ``--window-attn-skip-freq`` (megatron/core/transformer/utils.py
+    is_layer_window_attention: N = every N-th layer global; a list = 1 where the layer is windowed). Llama 4's
+    chunked attention, which the cost model counts as a window, has no Megatron-Core equivalent and is not written."""
+    if not model.sliding_window or model.model_type in ("llama4", "llama4_text"):
+        return []
+    pattern = model.attention_pattern or ("L" * model.num_layers
+                                          if model.sliding_window_layers == model.num_layers else "")
+    if len(pattern) != model.num_layers:
+        raise unsupported(LAUNCHER, f"sliding-window attention on {model.sliding_window_layers} of "
+                                    f"{model.num_layers} layers without their positions",
+                          "give layer_types in the model's config.json")
+    args = ["--window-size", f"{model.sliding_window},0"]
+    if "G" in pattern:
+        L = len(pattern)
+        every = next((n for n in range(2, L + 1) if L % n == 0 and pattern == ("L" * (n - 1) + "G") * (L // n)),
+                     None)
+        args += ["--window-attn-skip-freq",
+                 str(every) if every else layer_list_expression([c == "L" for c in pattern])]
+    return args
 
 
 def arguments(plan: Any, source: str = "<plan>") -> list[str]:
