@@ -119,8 +119,8 @@ def configs_from_args(args: list[str]):
     ddp_hints = typing.get_type_hints(DistributedDataParallelConfig)
     tf, ddp = {}, {}
     for name, value in opts.items():
-        if name in ("moe_layer_freq", "window_attn_skip_freq"):  # Megatron-LM's moe_freq_type: an int, or a Python
-            # list expression it evaluates
+        if name in ("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq"):  # Megatron-LM's moe_freq_type /
+            # no_rope_freq_type: an int, or a Python list expression it evaluates
             word = value[0]
             tf[name] = eval(word, {"__builtins__": {}}) if "[" in word else int(word)
             continue
@@ -221,6 +221,9 @@ def test_megatron_core_accepts_every_export(name, plan, text):
         assert tf.window_size == (spec["sliding_window"], 0)
         assert [is_layer_window_attention(tf.window_size, tf.window_attn_skip_freq, i + 1)
                 for i in range(spec["num_layers"])] == [c == "L" for c in pattern]
+    if spec.get("model_type") in ("llama4", "llama4_text") and "G" in spec.get("attention_pattern", ""):
+        # Llama 4's global layers skip RoPE: TransformerConfig expands no_rope_freq to one flag per layer
+        assert tf.no_rope_freq == [int(c == "G") for c in spec["attention_pattern"]]
     if par["pp"] > 1 and par["vpp"] > 1:  # Megatron-Core's interleaved schedule sends as the plan was costed
         assert tf.overlap_p2p_comm is opts.get("overlap_p2p_comm", True)
     if opts.get("attention_kernel"):  # Megatron-Core's AttnBackend, as Megatron-LM's parser makes it

@@ -36,7 +36,7 @@ MEGATRON_FLAGS = {
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--overlap-grad-reduce",
     "--overlap-param-gather", "--tp-comm-overlap", "--accumulate-allreduce-grads-in-fp32", "--num-layers",
     "--num-distributed-optimizer-instances", "--attention-backend", "--no-overlap-p2p-communication", "--window-size",
-    "--moe-router-pre-softmax",
+    "--moe-router-pre-softmax", "--no-rope-freq",
     "--window-attn-skip-freq",
     "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups",
     "--kv-channels", "--max-position-embeddings", "--untie-embeddings-and-output-weights", "--swiglu",
@@ -732,7 +732,8 @@ def test_megatron_export_writes_the_sliding_windows_the_plan_costs():
     gpt-oss's 128-token window on alternate layers as --window-size 128,0 --window-attn-skip-freq 2 (Megatron-Core's
     is_layer_window_attention: every 2nd layer global, as its layer_types say), Gemma 3's five local to one global
     over 62 layers as a per-layer list, Mistral's window on every layer with no skip; Llama 4's chunked attention,
-    which Megatron-Core lacks, is not written. Top-1 routing adds --moe-router-pre-softmax, which Megatron-Core's
+    which Megatron-Core lacks, is not written, its every-fourth global layer without RoPE is (--no-rope-freq 4,
+    transformers' no_rope_layers). Top-1 routing adds --moe-router-pre-softmax, which Megatron-Core's
     TransformerConfig requires with one expert per token (the conformance check found it)."""
     from dataclasses import asdict
 
@@ -749,8 +750,8 @@ def test_megatron_export_writes_the_sliding_windows_the_plan_costs():
     assert gemma[:2] == ["--window-size", "1024,0"] and len(bits) == 62 and bits[5] == 0 and sum(bits) == 52
     mistral = model_from_config({**MISTRAL_NEMO, "sliding_window": 4096})
     assert window_args(mistral) == ["--window-size", "4096,0"]
-    maverick = load_model("llama-4-maverick")
-    assert maverick.sliding_window and window_args(maverick) == []
+    maverick = load_model("llama-4-maverick")  # chunked attention not written; its NoPE global layers are
+    assert maverick.sliding_window and window_args(maverick) == ["--no-rope-freq", "4"]
     cfg = RunConfig(num_gpus=64, tp=2, ep=8, etp=1, global_batch_size=64, seq_len=8192, sequence_parallel=True)
     plan = json.loads(json.dumps({"schema_version": "1.0", "model": maverick.name, "cluster": "h100-80gb-sxm",
                                   **config_fields(maverick, cfg), "model_spec": asdict(maverick)}))

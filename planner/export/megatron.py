@@ -178,8 +178,18 @@ def window_args(model) -> list[str]:
     window, as Megatron-Bridge's gpt-oss provider writes window_size=(128, 0) for a 128-token sliding_window) and,
     where some layers attend globally, ``--window-attn-skip-freq`` (megatron/core/transformer/utils.py
     is_layer_window_attention: N = every N-th layer global; a list = 1 where the layer is windowed). Llama 4's
-    chunked attention, which the cost model counts as a window, has no Megatron-Core equivalent and is not written."""
-    if not model.sliding_window or model.model_type in ("llama4", "llama4_text"):
+    chunked attention, which the cost model counts as a window, has no Megatron-Core equivalent and is not written;
+    its global layers, which run without RoPE (transformers' no_rope_layers), are ``--no-rope-freq``
+    (TransformerConfig.no_rope_freq: N = every N-th layer skips RoPE, else a per-layer list, 1 = skipped)."""
+    if model.model_type in ("llama4", "llama4_text"):
+        nope = [c == "G" for c in model.attention_pattern]
+        if not any(nope):
+            return []
+        L = len(nope)
+        every = next((n for n in range(1, L + 1) if L % n == 0 and nope == ([False] * (n - 1) + [True]) * (L // n)),
+                     None)
+        return ["--no-rope-freq", str(every) if every else layer_list_expression(nope)]
+    if not model.sliding_window:
         return []
     pattern = model.attention_pattern or ("L" * model.num_layers
                                           if model.sliding_window_layers == model.num_layers else "")
