@@ -177,8 +177,8 @@ def accuracy_line(accuracy: dict | None) -> str:
     """How sure the estimate is, from the validation residuals of runs like it (``validation.bands``)."""
     if not accuracy:
         return ""
-    how = "runs like this one" if accuracy["same_kind_of_run"] else "the nearest validated runs"
-    return (f"model accuracy on published {how} ({accuracy['group']}, {accuracy['rows']} rows): "
+    how = "published runs like this one" if accuracy["same_kind_of_run"] else "the nearest published runs"
+    return (f"model accuracy on {how} ({accuracy['group']}, {accuracy['rows']} rows): "
             f"±{100 * accuracy['mean_abs_error']:.1f}% mean error in throughput")
 
 
