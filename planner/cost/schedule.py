@@ -119,6 +119,11 @@ class Schedule:
             return self.placement(p, v, rank)
         return tuple(self.stage_index(p, v, rank, c) for c in range(v))
 
+    def sends_overlap(self, overlap_p2p_comm: bool) -> bool:
+        """Whether a pipeline send runs under the next chunk's compute: the stack posts sends asynchronously
+        (``RunConfig.overlap_p2p_comm``) and this schedule runs that (:attr:`overlaps_p2p`)."""
+        return bool(overlap_p2p_comm) and self.overlaps_p2p
+
     def passes(self, m):
         """How many times a step runs each rank's per-micro-batch F + B + W: m, or m / 2 for DualPipe's pairs."""
         return m / self.microbatches_per_pass if self.microbatches_per_pass != 1 else m

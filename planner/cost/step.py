@@ -618,6 +618,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     # or global / sliding-window attention, by position: ModelSpec.kind_index), the layers fully recomputed (a
     # chunk's first ones), its pipeline sends, the embedding (chunk 0), the LM head (last)
     n_stages = len(layers)
+    chunks = np.array([sched.stages_of(p, v, r) for r in range(p)])  # each pipeline rank's chunks (stage indices)
     n = np.asarray(layers, dtype=float)
     first = np.asarray(starts, dtype=np.int64)
     before = kinds_before(model, int(sum(layers)))
@@ -674,13 +675,12 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         # a send costs what sticks out of that chunk's forward / backward, plus the interference of what hides
         # (the next compute on the rank is another of its chunks: the window is its chunks' mean, so a chunk with
         # no layers of its own still hides its send)
-        if cfg.overlap_p2p_comm and sched.overlaps_p2p:
-            held = np.array([sched.stages_of(p, v, r) for r in range(p)])
+        if sched.sends_overlap(cfg.overlap_p2p_comm):
             owner = np.empty(n_stages, dtype=np.int64)
-            owner[held] = np.arange(p)[:, None]
+            owner[chunks] = np.arange(p)[:, None]
 
             def window(x):
-                return x[held].mean(axis=1)[owner]
+                return x[chunks].mean(axis=1)[owner]
             send_f = exposed_s(p2p_one, window(q["fwd"]), gpu.comm_overlap_interference)
             send_b = exposed_s(p2p_one, window(q["bwd_in"] + q["bwd_w"] + q["rec"]), gpu.comm_overlap_interference)
         else:
@@ -704,7 +704,6 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     q["end_params"][last] += head_params_gpu
     workspace_j[last] = max(workspace_j[last], ends.head_act_bytes)
     # --- per pipeline rank: its chunks (the schedule's placement; DualPipe: a stage and its mirror) added up
-    chunks = np.array([sched.stages_of(p, v, r) for r in range(p)])
     rank = {k: x[chunks].sum(axis=1) for k, x in q.items()}
     workspace, largest = workspace_j[chunks].max(axis=1), largest_j[chunks].max(axis=1)
     act_per_mb = rank["act"]

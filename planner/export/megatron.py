@@ -167,6 +167,14 @@ def layer_list_expression(bits: list[int]) -> str:
     return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
 
 
+def every_nth(marked: list[bool]) -> int | None:
+    """N where exactly every N-th layer (1-indexed: layers N, 2N, ...) is marked, as Megatron-LM's integer forms of
+    ``--window-attn-skip-freq`` and ``--no-rope-freq`` mean; None where the marks follow no such period."""
+    L = len(marked)
+    return next((n for n in range(1, L + 1) if L % n == 0 and marked == ([False] * (n - 1) + [True]) * (L // n)),
+                None)
+
+
 def moe_layer_freq(model) -> str:
     """Megatron-LM's ``--moe-layer-freq`` (1 a MoE layer, 0 a dense one, per layer): Llama 4 Maverick
     ``([0,1]*24)``, DeepSeek-V3 ``([0]*3+[1]*58)``."""
@@ -185,9 +193,7 @@ def window_args(model) -> list[str]:
         nope = [c == "G" for c in model.attention_pattern]
         if not any(nope):
             return []
-        L = len(nope)
-        every = next((n for n in range(1, L + 1) if L % n == 0 and nope == ([False] * (n - 1) + [True]) * (L // n)),
-                     None)
+        every = every_nth(nope)
         return ["--no-rope-freq", str(every) if every else layer_list_expression(nope)]
     if not model.sliding_window:
         return []
@@ -199,9 +205,7 @@ def window_args(model) -> list[str]:
                           "give layer_types in the model's config.json")
     args = ["--window-size", f"{model.sliding_window},0"]
     if "G" in pattern:
-        L = len(pattern)
-        every = next((n for n in range(2, L + 1) if L % n == 0 and pattern == ("L" * (n - 1) + "G") * (L // n)),
-                     None)
+        every = every_nth([c == "G" for c in pattern])
         args += ["--window-attn-skip-freq",
                  str(every) if every else layer_list_expression([c == "L" for c in pattern])]
     return args

@@ -259,13 +259,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
 def p2p_overlapped(space: Space) -> np.ndarray:
     """Per group, whether its pipeline sends overlap compute: the space's stack posts them asynchronously
     (``config.RunConfig.overlap_p2p_comm``) and the group's schedule runs that (``Schedule.overlaps_p2p``)."""
-    sched = space.col("sched")
-    on = np.zeros(len(sched), dtype=bool)
-    if space.fixed.overlap_p2p_comm:
-        for si, name in enumerate(space.schedules):
-            if SCHEDULES[name].overlaps_p2p:
-                on |= sched == si
-    return on
+    overlaps = np.array([SCHEDULES[name].sends_overlap(space.fixed.overlap_p2p_comm) for name in space.schedules])
+    return overlaps[space.col("sched")]
 
 
 #: per-key quantities of ``_layer_tables`` (besides each kind k's F, B, W: "f{k}", "b{k}", "w{k}")
