@@ -60,6 +60,11 @@ EXTRA = [
          seq_len=4096),
     # MoE layers between dense ones (Llama 4 Maverick: --moe-layer-freq '([0,1]*24)')
     dict(model="llama-4-maverick", num_gpus=64, tp=2, pp=2, ep=8, etp=1, global_batch_size=64, seq_len=8192),
+    # the flex dispatcher's backends (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep)
+    dict(model="deepseek-v3", num_gpus=256, pp=8, ep=32, global_batch_size=256, seq_len=4096, precision="fp8",
+         recompute_modules="layernorm,mla_up_proj,moe_act", ep_dispatcher="deepep"),
+    dict(model="mixtral-8x7b", num_gpus=64, pp=2, vpp=2, schedule="interleaved-1f1b", ep=8, global_batch_size=64,
+         recompute="none", ep_comm_overlap=True, ep_dispatcher="hybridep"),
     # blocking pipeline sends with virtual stages (--no-overlap-p2p-communication: the megatron-2021 stack's)
     dict(model="llama-3.1-8b", num_gpus=16, tp=2, pp=2, vpp=2, schedule="interleaved-1f1b", global_batch_size=32,
          seq_len=8192, overlap_p2p_comm=False),
@@ -226,6 +231,11 @@ def test_megatron_core_accepts_every_export(name, plan, text):
         assert tf.no_rope_freq == [int(c == "G") for c in spec["attention_pattern"]]
     if par["pp"] > 1 and par["vpp"] > 1:  # Megatron-Core's interleaved schedule sends as the plan was costed
         assert tf.overlap_p2p_comm is opts.get("overlap_p2p_comm", True)
+    if spec.get("num_experts"):  # the token dispatcher the plan costed (planner.cost.moe)
+        dispatcher = opts.get("ep_dispatcher", "alltoall")
+        assert tf.moe_token_dispatcher_type == ("alltoall" if dispatcher == "alltoall" else "flex")
+        if dispatcher != "alltoall":
+            assert tf.moe_flex_dispatcher_backend == dispatcher
     if opts.get("attention_kernel"):  # Megatron-Core's AttnBackend, as Megatron-LM's parser makes it
         assert tf.attention_backend.name == {"cudnn": "fused"}.get(opts["attention_kernel"], "flash")
 
@@ -235,6 +245,7 @@ def test_the_extra_spread_covers_what_it_says():
     assert any("moe" in s.get("recompute_modules", "") for s in EXTRA)
     assert any(s.get("ep_comm_overlap") for s in EXTRA) and any(s.get("layers_per_stage") for s in EXTRA)
     assert any(s.get("overlap_p2p_comm") is False for s in EXTRA)
+    assert {s.get("ep_dispatcher") for s in EXTRA} >= {"deepep", "hybridep"}
     assert any(s["model"] == "llama-4-maverick" for s in EXTRA) and any("gpt-oss" in s["model"] for s in EXTRA)
     assert any(s.get("fp8_param_gather") and s.get("precision") == "mxfp8" for s in EXTRA)
     assert {s.get("attention_kernel") for s in EXTRA} >= {"cudnn", "flash-attention-3"}

@@ -69,6 +69,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({"fp8_param_gather": True} if cfg.fp8_param_gather else {}),
             **({} if cfg.recompute_fused_attention else {"recompute_fused_attention": False}),
             **({} if cfg.overlap_p2p_comm else {"overlap_p2p_comm": False}),
+            **({"ep_dispatcher": cfg.ep_dispatcher} if cfg.ep_dispatcher != "alltoall" else {}),
         },
     }
 

@@ -254,20 +254,47 @@ def test_expected_nodes_bounded_by_experts_nodes_and_limit(k, nodes, limit):
 
 
 def test_node_limited_dispatch_beats_the_plain_all_to_all_for_deepseek_v3():
-    from planner.cost.moe import node_limited_all_to_all_s
+    from planner.cost.moe import node_dedup_all_to_all_s
     assert (DSV3.expert_groups, DSV3.expert_groups_per_token) == (8, 4)
-    cfg = RunConfig(num_gpus=2048, pp=16, ep=64, global_batch_size=15360, seq_len=4096)
+    cfg = RunConfig(num_gpus=2048, pp=16, ep=64, global_batch_size=15360, seq_len=4096, ep_dispatcher="deepep")
     g = comm.groups_for(H800, 1, 1, cfg.dp, 16, 64)
     assert (g.ep.size, g.ep.members_per_node) == (64, 8)
-    limited = node_limited_all_to_all_s(DSV3, H800, cfg, g.ep)
+    limited = node_dedup_all_to_all_s(DSV3, H800, cfg, g.ep)
     plain = comm.all_to_all_s(H800, g.ep, dispatch_bytes(DSV3, cfg))
     # NIC bytes per token: 3.6 x 7/8 remote nodes of h instead of k x 56/64 copies of h, ~2.2x less
     assert plain / limited == pytest.approx((8 * 56 / 64) / (3.5995 * 7 / 8), rel=0.05)
     assert ep_layer_cost(DSV3, H800, cfg, g.ep, g.tp).all_to_all_s == pytest.approx(limited)
+    # Megatron's all-to-all dispatcher sends every copy, group-limited routing or not
+    assert ep_layer_cost(DSV3, H800, cfg.with_(ep_dispatcher="alltoall"), g.ep, g.tp).all_to_all_s == \
+        pytest.approx(plain)
     # inside one node there is nothing to deduplicate: the plain all-to-all over NVLink
     g8 = comm.groups_for(H800, 1, 1, cfg.dp, 16, 8)
     assert ep_layer_cost(DSV3, H800, cfg.with_(ep=8), g8.ep, g8.tp).all_to_all_s == pytest.approx(
         comm.all_to_all_s(H800, g8.ep, dispatch_bytes(DSV3, cfg)))
+
+
+def test_per_node_dedup_of_an_unrestricted_router_by_hand():
+    """Qwen3-30B-A3B (128 experts, top-8, h 2048) with EP 16 over two 8-GPU H100 nodes under DeepEP / HybridEP: a
+    token's 8 experts land on 2 (1 - 1/2^8) = 1.992 distinct nodes, half of them remote, so 0.996 copies of h cross
+    the NIC per token, where Megatron's all-to-all dispatcher sends the 4 copies bound for the other node; over
+    NVLink the receiving GPU forwards 8 x 7/8 copies."""
+    from planner.cost.moe import node_dedup_all_to_all_s
+    from planner.specs.model import load_model
+    qwen = load_model(str(Path(__file__).parent.parent / "planner/validation/models/qwen3-30b-a3b.json"))
+    assert (qwen.num_experts, qwen.experts_per_token, qwen.hidden_size, qwen.expert_groups) == (128, 8, 2048, 0)
+    cfg = RunConfig(num_gpus=16, ep=16, global_batch_size=1024, seq_len=4096, ep_dispatcher="hybridep")
+    g = comm.groups_for(H100, 1, 1, cfg.dp, 1, 16)
+    assert (g.ep.size, g.ep.members_per_node) == (16, 8)
+    T, h_bytes = 4096, 2048 * 2
+    remote_copies = 2 * (1 - 0.5 ** 8) * 1 / 2
+    assert remote_copies == pytest.approx(0.99609375)
+    t_inter = T * remote_copies * h_bytes / H100.inter_node.bus_bandwidth_bytes_per_s
+    t_intra = T * 8 * 7 / 8 * h_bytes / H100.intra_node.bus_bandwidth_bytes_per_s
+    expected = max(t_inter, t_intra) + H100.inter_node.latency_s + 7 * H100.intra_node.latency_s
+    assert node_dedup_all_to_all_s(qwen, H100, cfg, g.ep) == pytest.approx(expected)
+    assert ep_layer_cost(qwen, H100, cfg, g.ep, g.tp).all_to_all_s == pytest.approx(expected)
+    plain = ep_layer_cost(qwen, H100, cfg.with_(ep_dispatcher="alltoall"), g.ep, g.tp).all_to_all_s
+    assert plain > 2 * expected  # 4 NIC copies per token against 1
 
 
 def test_group_limited_routing_fields_are_checked():

@@ -88,10 +88,15 @@ IDS.append("gpt-13L-8gpu-uneven-chunks")
 CASES.append((small_gpt(layers=12, hidden=1024, heads=8), H100, 16, 16, 4096,
               SearchSpace(partial_recompute=False, schedules=("interleaved-1f1b",), overlap_p2p_comm=False)))
 IDS.append("gpt-12L-16gpu-blocking-sends")
+#: MoE over two nodes with DeepEP's per-node deduplicated dispatch: the all-to-all of the layer keys that span nodes
+CASES.append((load_model("mixtral-8x7b"), H100, 16, 32, 4096,
+              SearchSpace(schedules=("1f1b",), cp_kinds=("ring",), partial_recompute=False, zero_stages=(1,),
+                          ep_dispatcher="deepep")))
+IDS.append("mixtral-16gpu-deepep")
 
 
 def test_the_uneven_case_holds_uneven_virtual_chunks():
-    rows, *_ = brute_force(*CASES[-1])
+    rows, *_ = brute_force(*CASES[IDS.index("gpt-13L-8gpu-uneven-chunks")])
     assert any(cfg.vpp > 1 and 13 % (cfg.pp * cfg.vpp) for _, _, cfg, _, _ in rows)
 
 

@@ -12,7 +12,7 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict, request_warnings
-from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, OFFLOAD_MODULES, PRECISIONS, RECOMPUTE_MODES,
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, OFFLOAD_MODULES, PRECISIONS, RECOMPUTE_MODES,
                                    RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
                                    canonical_recompute_modules, parse_megatron_layout)
 from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
@@ -125,6 +125,10 @@ def estimate(
                                           help="Interleaved schedule: pipeline sends under the next chunk's compute "
                                                "(Megatron-Core's default; --no-overlap-p2p-communication turns it "
                                                "off); default: the stack's"),
+    ep_dispatcher: str = typer.Option(None, "--ep-dispatcher",
+                                      help="MoE token dispatcher: alltoall (every token copy over the EP all-to-all) "
+                                           "| deepep | hybridep (Megatron's flex dispatcher: a token crosses the "
+                                           "network once per remote node); default: the stack's"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     fused_cross_entropy: bool = typer.Option(True, "--fused-cross-entropy/--no-fused-cross-entropy",
                                              help="Loss cross-entropy fused (Megatron --cross-entropy-loss-fusion) "
@@ -154,6 +158,8 @@ def estimate(
     choice(precision, PRECISIONS, "--precision")
     if grad_reduce_dtype is not None:
         choice(grad_reduce_dtype, tuple(GRAD_REDUCE_DTYPES), "--grad-reduce-dtype")
+    if ep_dispatcher is not None:
+        choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
     dist = check_length_options(seq_len_dist, packing, dynamic_cp, max_seqlen_per_rank)
     split = parse_layers_per_stage(layers_per_stage) if layers_per_stage is not None else None
     modules = parse_recompute_modules(recompute_modules)
@@ -173,7 +179,8 @@ def estimate(
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),
                           attention_kernel=attention_kernel, per_expert_gemm_calls=per_expert_gemm_calls,
-                          fp8_param_gather=fp8_param_gather, overlap_p2p_comm=overlap_p2p_comm)
+                          fp8_param_gather=fp8_param_gather, overlap_p2p_comm=overlap_p2p_comm,
+                          ep_dispatcher=ep_dispatcher)
     est = estimate_config(spec, hw, cfg)
     data = None
     if dist is not None:

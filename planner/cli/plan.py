@@ -16,7 +16,7 @@ from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_L
                                  print_length_tables)
 from planner.errors import PlannerError
 from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search_plans
-from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, PRECISIONS
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
 from planner.specs.hardware import check_attention_kernel, load_cluster
@@ -143,6 +143,9 @@ def plan(
                                                     f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
     attention_kernel: str = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
+    ep_dispatcher: str = typer.Option(None, "--ep-dispatcher",
+                                      help="MoE token dispatcher every plan runs: alltoall | deepep | hybridep "
+                                           "(default: the stack's; see `planner estimate --help`)"),
     tp: str = CONSTRAINT_OPTIONS["tp"], pp: str = CONSTRAINT_OPTIONS["pp"], cp: str = CONSTRAINT_OPTIONS["cp"],
     ep: str = CONSTRAINT_OPTIONS["ep"], vpp: str = CONSTRAINT_OPTIONS["vpp"], etp: str = CONSTRAINT_OPTIONS["etp"],
     dp_shard: str = CONSTRAINT_OPTIONS["dp_shard"],
@@ -179,7 +182,8 @@ def plan(
         from planner.cli.pools import plan_over_pools
 
         given = [name for name, on in (("--stack", stack is not None),
-                                       ("--attention-kernel", attention_kernel is not None), ("--objective", objective != "time"),
+                                       ("--attention-kernel", attention_kernel is not None),
+                                       ("--ep-dispatcher", ep_dispatcher is not None), ("--objective", objective != "time"),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
                                        ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
@@ -196,6 +200,8 @@ def plan(
     hw = load_cluster(cluster)
     if attention_kernel is not None:
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
+    if ep_dispatcher is not None:
+        choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
     if packed:
         from planner.cost.variable_length import packed_attention_cv
@@ -218,12 +224,12 @@ def plan(
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
                                      recompute_modules=modules, constraints=cons, packed_doc_len=packed,
                                      packed_attention_cv=packed_cv, offload_modules=offload_modules,
-                                     attention_kernel=attention_kernel)
+                                     attention_kernel=attention_kernel, ep_dispatcher=ep_dispatcher)
         from planner.search.space import SearchSpace
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
                             packed_attention_cv=packed_cv, offload_modules=offload_modules,
-                            attention_kernel=attention_kernel or "")
+                            attention_kernel=attention_kernel or "", ep_dispatcher=ep_dispatcher or "alltoall")
         if cons is not None:
             space = cons.narrow([space], "the search")[0]
         return search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,

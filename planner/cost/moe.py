@@ -16,12 +16,13 @@ and reduce-scattered after, on T k tokens instead of the dense MLP's T.
 Expert weights and their optimizer states are sharded over ep x TP; ZeRO shards them further over the expert-data-
 parallel group of dp x cp / ep ranks (:func:`planner.cost.memory.model_state_bytes`).
 
-Group-limited routing (DeepSeek-V3 report, Sec. 2.1.2 and 3.2.2; spec fields ``n_group`` / ``topk_group``): when the
-EP group spans nodes and the expert groups sit one (or a whole number of) group(s) per node, each token crosses
-the network at most once per target node, to at most ``topk_group`` nodes, and is forwarded inside the node over
-NVLink (the report's dispatch kernels). Its all-to-all then moves E[distinct remote nodes] x h bytes per token over
-the NIC instead of k (n - k_node)/n x h (:func:`node_limited_all_to_all_s`). Models without it use the plain
-all-to-all of :func:`planner.cost.comm.all_to_all_s` (Megatron's all-to-all dispatcher sends every copy).
+Per-node deduplication (DeepSeek-V3 report, Sec. 3.2.2; DeepEP's normal kernels and HybridEP, Megatron-Core's flex
+dispatcher, ``RunConfig.ep_dispatcher``): when the EP group spans nodes, such a dispatcher sends each token across
+the network once per remote node holding one of its experts and forwards it inside the node over NVLink, so its
+all-to-all moves E[distinct remote nodes] x h bytes per token over the NIC instead of k (n - k_node)/n x h
+(:func:`node_dedup_all_to_all_s`). Group-limited routing (spec fields ``n_group`` / ``topk_group``; expert groups one
+or a whole number per node) bounds the distinct nodes at ``topk_group``. Megatron's all-to-all dispatcher sends
+every copy: the plain all-to-all of :func:`planner.cost.comm.all_to_all_s`, whatever the routing.
 
 Assumed: balanced routing (auxiliary-loss or bias balancing) and no dropped tokens (Megatron's dropless MoE). The
 all-to-alls are on the critical path unless ``ep_comm_overlap`` pairs micro-batches (Megatron-Core's batch-level
@@ -37,6 +38,7 @@ import numpy as np
 from planner.cost import comm
 from planner.cost.compute import ACT_BYTES, Config, expert_tp_token_share, sp_degree
 from planner.cost.memory import dense_mlp_params
+from planner.specs.config import NODE_DEDUP_DISPATCHERS
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -80,11 +82,12 @@ def expected_nodes_per_token(k: int, nodes, max_nodes=0):
         return np.where(n > 0, n * (1.0 - (1.0 - 1.0 / n) ** k), 0.0)
 
 
-def node_limited_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: comm.GroupPlacement):
-    """One dispatch (or combine) with group-limited routing and per-node deduplication (DeepSeek-V3 Sec. 3.2.2):
+def node_dedup_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: comm.GroupPlacement):
+    """One dispatch (or combine) with per-node deduplication (DeepSeek-V3 report Sec. 3.2.2; DeepEP / HybridEP):
     over the NIC each token goes once to each remote node it needs, E[distinct nodes] x (N - 1)/N of them, N the
-    nodes of the EP group; over NVLink the receiving GPU forwards the k copies to their experts' GPUs, (g - 1)/g of
-    them leaving it (g EP members per node). The slower side bounds the time, plus one latency per peer."""
+    nodes of the EP group (at most ``topk_group`` with group-limited routing); over NVLink the receiving GPU
+    forwards the k copies to their experts' GPUs, (g - 1)/g of them leaving it (g EP members per node). The slower
+    side bounds the time, plus one latency per peer."""
     g = ep_group.members_per_node
     nodes = -(-ep_group.size // g)  # a last, partly filled node counts
     limit = np.where(model.expert_groups % nodes == 0, model.expert_groups_per_token, 0)
@@ -119,10 +122,11 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: com
     """
     has_ep = np.asarray(cfg.ep) > 1
     a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg))
-    if model.expert_groups_per_token:
+    dedup = np.isin(np.asarray(cfg.ep_dispatcher), NODE_DEDUP_DISPATCHERS)
+    if np.any(dedup):
         with np.errstate(divide="ignore", invalid="ignore"):
-            limited = node_limited_all_to_all_s(model, cluster, cfg, ep_group)
-        a2a = np.where(ep_group.spans_nodes, limited, a2a)
+            once_per_node = node_dedup_all_to_all_s(model, cluster, cfg, ep_group)
+        a2a = np.where(dedup & np.asarray(ep_group.spans_nodes), once_per_node, a2a)
     a2a = np.where(has_ep, a2a, 0.0)
     per_token_bytes = model.experts_per_token * model.hidden_size * ACT_BYTES
     gathered = cfg.tokens_per_rank * expert_tp_token_share(cfg) * per_token_bytes

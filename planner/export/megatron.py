@@ -134,11 +134,12 @@ def _model_args(view: PlanView) -> list[str]:
     if m.is_moe:
         args += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.experts_per_token),
                  "--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size),
-                 # what the plan costs: the all-to-all token dispatcher (planner.cost.moe) and Transformer Engine's
-                 # grouped GEMM over the local experts (compute.ffn_ops); Megatron-Core's defaults are the
-                 # all-gather dispatcher and one GEMM per expert, and its --overlap-moe-expert-parallel-comm and
-                 # moe_act recomputation need these (TransformerConfig.__post_init__)
-                 "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+                 # what the plan costs: its token dispatcher (planner.cost.moe: alltoall, or the flex dispatcher's
+                 # DeepEP / HybridEP backend) and Transformer Engine's grouped GEMM over the local experts
+                 # (compute.ffn_ops); Megatron-Core's defaults are the all-gather dispatcher and one GEMM per
+                 # expert, and its --overlap-moe-expert-parallel-comm and moe_act recomputation need these
+                 # (TransformerConfig.__post_init__)
+                 *dispatcher_args(cfg.ep_dispatcher), "--moe-grouped-gemm"]
         if m.experts_per_token == 1:  # TransformerConfig: "Please use --moe-router-pre-softmax when topk is 1"
             args.append("--moe-router-pre-softmax")
         if m.num_shared_experts:
@@ -153,6 +154,14 @@ def _model_args(view: PlanView) -> list[str]:
     if m.layer_pattern:
         args += _hybrid_args(view)
     return args
+
+
+def dispatcher_args(dispatcher: str) -> list[str]:
+    """Megatron-LM's token-dispatcher arguments for a plan's ``ep_dispatcher``: the all-to-all dispatcher, or the flex
+    dispatcher with its backend (TransformerConfig moe_token_dispatcher_type / moe_flex_dispatcher_backend)."""
+    if dispatcher == "alltoall":
+        return ["--moe-token-dispatcher-type", "alltoall"]
+    return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", dispatcher]
 
 
 def layer_list_expression(bits: list[int]) -> str:

@@ -64,7 +64,9 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         out["model.expert_model_parallel_size"] = cfg.ep
         out["model.expert_tensor_parallel_size"] = cfg.expert_tp
         # the dispatcher and expert GEMMs the plan costs (Megatron-Core's defaults are allgather, one GEMM per expert)
-        out["model.moe_token_dispatcher_type"] = "alltoall"
+        out["model.moe_token_dispatcher_type"] = "alltoall" if cfg.ep_dispatcher == "alltoall" else "flex"
+        if cfg.ep_dispatcher != "alltoall":  # Megatron-Bridge's apply_flex_dispatcher_backend sets the same pair
+            out["model.moe_flex_dispatcher_backend"] = cfg.ep_dispatcher
         out["model.moe_grouped_gemm"] = True
     if cfg.cp > 1:
         out["model.cp_comm_type"] = CP_COMM_TYPE[cfg.cp_kind]

@@ -108,11 +108,13 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                       refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
                       stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES,
                       constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "",
-                      packed_attention_cv: float = 0.0, attention_kernel: str | None = None) -> Any:
+                      packed_attention_cv: float = 0.0, attention_kernel: str | None = None,
+                      ep_dispatcher: str | None = None) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
     when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``);
-    ``attention_kernel`` overrides the stack's kernel (``--attention-kernel``)."""
+    ``attention_kernel`` overrides the stack's kernel (``--attention-kernel``), ``ep_dispatcher`` its MoE token
+    dispatcher (``--ep-dispatcher``)."""
     from planner.export import target_module
     from planner.plan import search_plans
     from planner.search.engine import objective_key
@@ -140,6 +142,8 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                           offload_modules=offload_modules) for s in spaces]
     if attention_kernel is not None:
         spaces = [replace(s, attention_kernel=attention_kernel) for s in spaces]
+    if ep_dispatcher is not None:
+        spaces = [replace(s, ep_dispatcher=ep_dispatcher) for s in spaces]
     found = []
     reasons = []
     fixes = []

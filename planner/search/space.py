@@ -92,6 +92,8 @@ class SearchSpace:
     #: pipeline sends overlapped with compute where the schedule runs it (config.RunConfig.overlap_p2p_comm: the
     #: stack's, not searched)
     overlap_p2p_comm: bool = True
+    #: the MoE token dispatcher (config.RunConfig.ep_dispatcher: the stack's, not searched)
+    ep_dispatcher: str = "alltoall"
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
     max_pp: int | None = None

@@ -56,6 +56,14 @@ def recompute_module_on(modules, name: str):
 #: order: the layer input (attention norm's input), the QKV projection's input, Q / K / V (the attention core's
 #: input), the attention output (the out-projection's input), the MLP norm's input, the routed experts' fc1 input
 #: and their activation's input (MoE only)
+#: MoE token dispatchers (RunConfig.ep_dispatcher): Megatron-Core's all-to-all dispatcher, which sends every token
+#: copy to its expert's rank, and the flex dispatcher's two backends, DeepEP and HybridEP, whose kernels send a
+#: token once to each remote node holding one of its experts and forward it to those experts' GPUs over NVLink
+#: (megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher; --moe-token-dispatcher-type flex
+#: --moe-flex-dispatcher-backend deepep|hybridep)
+EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+#: the dispatchers that send a token across the network once per remote node (planner.cost.moe)
+NODE_DEDUP_DISPATCHERS = ("deepep", "hybridep")
 OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 
 
@@ -141,6 +149,10 @@ class RunConfig:
     #: (``Schedule.overlaps_p2p``), elsewhere the sends block. False: every send on the critical path (2021
     #: Megatron-LM's batched sends)
     overlap_p2p_comm: bool = True
+    #: the MoE token dispatcher (EP_DISPATCHERS): "alltoall" sends every token copy over the EP all-to-all;
+    #: "deepep" / "hybridep" (Megatron's flex dispatcher) send a token over the network once per remote node its
+    #: experts sit on and forward it inside the node over NVLink (planner.cost.moe.node_dedup_all_to_all_s)
+    ep_dispatcher: str = "alltoall"
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
     #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them
@@ -216,11 +228,11 @@ class RunConfig:
 
 #: the RunConfig fields a search holds fixed in every row it ranks: the run's GEMM precision, and what the stack
 #: (attention kernel, expert GEMM issue, fp8 weight gather, recomputation of the fused attention, the modules
-#: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
+#: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends, the MoE token dispatcher) and the data (packed
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
                 "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
-                "offload_modules", "overlap_p2p_comm")
+                "offload_modules", "overlap_p2p_comm", "ep_dispatcher")
 
 
 @dataclass(frozen=True)
@@ -238,6 +250,7 @@ class FixedOptions:
     packed_attention_cv: float = RunConfig.packed_attention_cv
     offload_modules: str = RunConfig.offload_modules
     overlap_p2p_comm: bool = RunConfig.overlap_p2p_comm
+    ep_dispatcher: str = RunConfig.ep_dispatcher
 
     @classmethod
     def of(cls, obj: Any) -> "FixedOptions":
@@ -254,7 +267,7 @@ class FixedOptions:
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
                 "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel",
-                "per_expert_gemm_calls", "recompute_fused_attention")
+                "per_expert_gemm_calls", "recompute_fused_attention", "ep_dispatcher")
 
 
 @dataclass(frozen=True, eq=False)
@@ -286,6 +299,7 @@ class ConfigBatch:
     attention_kernel: np.ndarray
     per_expert_gemm_calls: np.ndarray
     recompute_fused_attention: np.ndarray
+    ep_dispatcher: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.specs.config import CP_KINDS, ZERO_STAGES, RunConfig
+from planner.specs.config import CP_KINDS, EP_DISPATCHERS, ZERO_STAGES, RunConfig
 from planner.specs.hardware import ATTENTION_KERNELS
 from planner.specs.model import _data_dir, _resolve, read_json_file
 
@@ -26,11 +26,11 @@ GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
 #: the option fields of a stack file (``attention_kernel`` optional: "" = each profile's default table)
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
-               "recompute_fused_attention", "overlap_p2p_comm")
+               "recompute_fused_attention", "overlap_p2p_comm", "ep_dispatcher")
 #: the options a stack decides that a search holds fixed (of ``config.FIXED_FIELDS``; the run's precision, the
 #: recompute and offload modules and the data's packing are the request's)
 STACK_FIXED_FIELDS = ("attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "recompute_fused_attention",
-                      "overlap_p2p_comm")
+                      "overlap_p2p_comm", "ep_dispatcher")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -81,7 +81,9 @@ class Stack:
     #: whether its interleaved pipeline posts sends asynchronously under the next chunk's compute
     #: (``options.overlap_p2p_comm``; absent: true, Megatron-Core's default with virtual stages)
     overlap_p2p_comm: bool = True
-
+    #: its MoE token dispatcher (``options.ep_dispatcher``, ``config.EP_DISPATCHERS``; absent: "alltoall",
+    #: Megatron-Core's all-to-all dispatcher)
+    ep_dispatcher: str = "alltoall"
     def fixed_options(self) -> dict[str, Any]:
         """The options of ``config.FIXED_FIELDS`` this stack decides (a search holds them in every row):
         :data:`STACK_FIXED_FIELDS`, by name."""
@@ -163,6 +165,10 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     if kernel not in ("",) + ATTENTION_KERNELS:
         raise PlannerError(f"unknown attention kernel {kernel!r}", source=source, field="options.attention_kernel",
                            fix=f"use one of: {', '.join(ATTENTION_KERNELS)}")
+    dispatcher = opts.get("ep_dispatcher", "alltoall")
+    if dispatcher not in EP_DISPATCHERS:
+        raise PlannerError(f"unknown MoE token dispatcher {dispatcher!r}", source=source, field="options.ep_dispatcher",
+                           fix=f"use one of: {', '.join(EP_DISPATCHERS)}")
     tpo_choices = _list(runs, "tp_comm_overlap", (True, False), source, bool)
     tpo = _bool(opts, "tp_comm_overlap", source, "options")
     if tpo and True not in tpo_choices:
@@ -184,4 +190,5 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options", default=True),
         fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
-        overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True))
+        overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
+        ep_dispatcher=dispatcher)

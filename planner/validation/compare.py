@@ -176,6 +176,8 @@ def estimate_command(run: dict) -> str:
         # TP overlap and fp8 parameter gather spelled out always: the default stack sets both
         if value != getattr(default, name) or name in ("tp_comm_overlap", "fp8_param_gather"):
             parts.append(f"--{flag}" if value else f"--no-{flag}")
+    if cfg.ep_dispatcher != default.ep_dispatcher:
+        parts.append(f"--ep-dispatcher {cfg.ep_dispatcher}")
     if cfg.layers_per_stage is not None:
         parts.append("--layers-per-stage " + ",".join(map(str, cfg.layers_per_stage)))
     if cfg.offload_layers:
