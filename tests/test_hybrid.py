@@ -177,8 +177,8 @@ def test_search_is_exact_over_hybrid_layers():
 def test_partition_balances_mamba_attention_and_moe_layers():
     """Nemotron 3 Nano at 128K on 64 H100 as TP 1, PP 4, CP 4 (1F1B, ZeRO-1, fp8): its six attention layers carry
     the long context's quadratic work, so the partition DP gives the stages holding two of them fewer layers and
-    the last stage, with one attention layer and the LM head, the most: 6.35 s against 7.06 s for the even split
-    by layer count (1.11x; numbers of this model, 2026-12-04)."""
+    the last stage, with one attention layer and the LM head, the most: 5.56 s against 6.15 s for the even split
+    by layer count (1.10x; numbers of this model, 2026-12-05)."""
     space = SearchSpace(pp_values=(4,), tp_values=(1,), cp_values=(4,), schedules=("1f1b",), zero_stages=(1,),
                         precision="fp8")
     even = search_plans(NANO, H100, 64, 16, 131072, top_k=0, space=space, refine_partition=False)
@@ -223,25 +223,28 @@ def test_launch_configs_of_a_hybrid_plan():
 
 
 def test_published_hybrid_runs_are_held_out_checks():
-    """The Nemotron 3 Nano rows of Megatron-Bridge's performance summary enter no fit; on Blackwell (mxfp8, the
-    issue time fitted on the transformer MoE rows) they land within 16% (+14.4% B200, +15.1% GB200 on 2026-12-05,
-    after the refit that the TP-overlapped backward all-gathers moved: mxfp8 GEMM ratio 0.690 -> 0.670, issue time
-    75 -> 70 us; +12.2% / +12.7% before); on H100 fp8 the model is slower than measured (the 235 us per-expert issue
-    time fitted on Megatron-Bridge 25.x rows does not carry to this recipe, whose 'moe' recompute module re-runs the
-    whole MoE block: without the term the row would be 17% fast, with it 48% slow)."""
+    """The Nemotron 3 Nano rows of Megatron-Bridge's performance summary enter no fit. Since the expert GEMM issue
+    time is fitted per stack release (2026-12-05: the current release's rows give Blackwell mxfp8 40 us, H100 fp8
+    95 us, where the NeMo 25.11 / 26.02 containers' rows give 70 / 250 us), the H100 row is within 16% (-15.7%; it
+    was -50% under the 25.11 value) and the Blackwell rows are fast by about a third (+29.3% B200, +34.3% GB200; they
+    were +14% / +15% under 70 us): a refit on them alone would want about 100 us where the current release's
+    Qwen3-30B-A3B row, whose expert GEMMs are smaller, wants 40, so the term is not what they miss (cause not
+    established: the README's Nemotron paragraph). Pinned so that a change that moves them shows."""
     from planner.validation.compare import evaluate_modern_run, load_modern_runs
     from planner.validation.fit import call_fitting_rows, fitting_rows
 
     rows = [r for r in load_modern_runs() if "Nemotron3Nano" in r["id"]]
     assert len(rows) == 3 and all(r["held_out"] for r in rows)
-    fitted = {r["id"] for r in call_fitting_rows(("b200-180gb", "gb200-nvl72"), "mxfp8")} | \
-        {r["id"] for r in call_fitting_rows(("h100-80gb-sxm",), "fp8")} | \
+    from planner.validation.fit import CALL_TARGETS
+
+    fitted = {r["id"] for profiles, precision, _, stack in CALL_TARGETS
+              for r in call_fitting_rows(profiles, precision, stack)} | \
         {r["id"] for r in fitting_rows("h100-80gb-sxm", "fp8")}
     assert not fitted & {r["id"] for r in rows}
     errors = {r["id"]: evaluate_modern_run(r).error for r in rows}
-    assert abs(errors["MB260401-B200-Nemotron3Nano-mxfp8"]) < 0.16
-    assert abs(errors["MB2606-GB200-Nemotron3Nano-mxfp8"]) < 0.16
-    assert errors["MB2606-H100-Nemotron3Nano-fp8"] < 0
+    assert 0.25 < errors["MB260401-B200-Nemotron3Nano-mxfp8"] < 0.33
+    assert 0.30 < errors["MB2606-GB200-Nemotron3Nano-mxfp8"] < 0.38
+    assert -0.20 < errors["MB2606-H100-Nemotron3Nano-fp8"] < -0.10
     h100 = next(r for r in rows if r["id"] == "MB2606-H100-Nemotron3Nano-fp8")
     assert h100["layout"]["recompute_modules"] == "core_attn,layernorm,moe,moe_act"  # as its recipe ran it
     assert all("hybrid (Mamba)" in evaluate_modern_run(r).groups for r in rows)

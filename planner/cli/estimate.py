@@ -166,7 +166,7 @@ def estimate(
     offload = parse_offload_modules(offload_modules)
     run_stack = load_stack(stack)
     spec = load_model(model)
-    hw = load_cluster(cluster)
+    hw = run_stack.on_cluster(load_cluster(cluster))  # the stack release's expert GEMM issue times, if its own
     if attention_kernel is not None:
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,

@@ -198,6 +198,8 @@ def plan(
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
     hw = load_cluster(cluster)
+    if run_stack is not None:  # the stack release's expert GEMM issue times, where it has its own
+        hw = run_stack.on_cluster(hw)
     if attention_kernel is not None:
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     if ep_dispatcher is not None:

@@ -119,6 +119,9 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     from planner.plan import search_plans
     from planner.search.engine import objective_key
 
+    if stack is not None:  # the stack release's expert GEMM issue times, where it has its own (idempotent)
+        cluster = stack.on_cluster(cluster)
+
     vision = bool(getattr(model, "vision_layers", 0))
     if vision and option == "--emit":  # no exporter writes a vision-language model: say so before searching
         raise PlannerError(f"{target} configs cannot be written for a vision encoder in front of the language model "

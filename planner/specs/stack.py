@@ -10,13 +10,13 @@ takes S's options unless a flag overrides one; ``planner plan --stack S`` search
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
 from planner.specs.config import CP_KINDS, EP_DISPATCHERS, ZERO_STAGES, RunConfig
-from planner.specs.hardware import ATTENTION_KERNELS
+from planner.specs.hardware import ATTENTION_KERNELS, LOW_PRECISIONS, US, Cluster, _per_precision
 from planner.specs.model import _data_dir, _resolve, read_json_file
 
 #: the stack a command uses when none is given: what NeMo and Megatron-Bridge recipes run
@@ -84,6 +84,21 @@ class Stack:
     #: its MoE token dispatcher (``options.ep_dispatcher``, ``config.EP_DISPATCHERS``; absent: "alltoall",
     #: Megatron-Core's all-to-all dispatcher)
     ep_dispatcher: str = "alltoall"
+    #: the expert GEMM issue times of this stack's release where they differ from the hardware profiles' (which
+    #: hold the current megatron-core release's): (profile name, ((precision, seconds), ...)), from the file's
+    #: ``expert_gemm_call_us`` (fitted values, with the rows they were fitted on: planner/validation/fit.py)
+    expert_gemm_call_s: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+
+    def on_cluster(self, cluster: Cluster) -> Cluster:
+        """``cluster`` as this stack runs on it: the profile's expert GEMM issue times, with this stack's where it
+        names the profile (a release whose host path issues expert GEMMs at another rate)."""
+        for name, values in self.expert_gemm_call_s:
+            if name == cluster.name:
+                merged = dict(cluster.gpu.expert_gemm_call_s)
+                merged.update(values)
+                return replace(cluster, gpu=replace(cluster.gpu, expert_gemm_call_s=tuple(sorted(merged.items()))))
+        return cluster
+
     def fixed_options(self) -> dict[str, Any]:
         """The options of ``config.FIXED_FIELDS`` this stack decides (a search holds them in every row):
         :data:`STACK_FIXED_FIELDS`, by name."""
@@ -169,6 +184,12 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     if dispatcher not in EP_DISPATCHERS:
         raise PlannerError(f"unknown MoE token dispatcher {dispatcher!r}", source=source, field="options.ep_dispatcher",
                            fix=f"use one of: {', '.join(EP_DISPATCHERS)}")
+    calls = data.get("expert_gemm_call_us", {})
+    if not isinstance(calls, dict) or not all(isinstance(v, dict) for v in calls.values()):
+        raise PlannerError("must be an object of {profile: {precision: {\"value\": microseconds}}}", source=source,
+                           field="expert_gemm_call_us")
+    call_s = tuple((str(name), _per_precision(v, source, f"expert_gemm_call_us.{name}", maximum=None, scale=US,
+                                              precisions=("bf16",) + LOW_PRECISIONS)) for name, v in calls.items())
     tpo_choices = _list(runs, "tp_comm_overlap", (True, False), source, bool)
     tpo = _bool(opts, "tp_comm_overlap", source, "options")
     if tpo and True not in tpo_choices:
@@ -191,4 +212,4 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
-        ep_dispatcher=dispatcher)
+        ep_dispatcher=dispatcher, expert_gemm_call_s=call_s)

@@ -11,6 +11,7 @@ from planner.cost.step import estimate
 from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, load_cluster
 from planner.specs.model import model_from_config
+from planner.specs.stack import DEFAULT_STACK, load_stack
 
 RUNS_FILE = Path(__file__).with_name("published_runs.json")
 
@@ -149,11 +150,18 @@ def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
     return tuple(out)
 
 
+def row_stack(run: dict) -> str:
+    """The stack a row ran (``stack``; absent: the default, megatron-core): the release whose expert GEMM issue
+    times price it (``stacks/megatron-core-25.11.json`` for the NeMo 25.11 and 26.02 containers)."""
+    return run.get("stack", DEFAULT_STACK)
+
+
 def estimate_command(run: dict) -> str:
     """``planner estimate`` with every knob of the row's layout spelled as a CLI option."""
     cfg = modern_config(run)
     default = RunConfig(num_gpus=1)
     parts = ["planner estimate", f"--model {modern_model_ref(run)}", f"--cluster {run['cluster']}",
+             *([f"--stack {row_stack(run)}"] if row_stack(run) != DEFAULT_STACK else []),
              f"--gpus {cfg.num_gpus}", f"--global-batch {cfg.global_batch_size}",
              f"--micro-batch {cfg.micro_batch_size}", f"--seq-len {cfg.seq_len}"]
     for flag, name in (("--tp", "tp"), ("--pp", "pp"), ("--cp", "cp"), ("--ep", "ep"), ("--vpp", "vpp")):
@@ -194,7 +202,7 @@ def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
     from planner.specs.model import load_model
 
     model = load_model(modern_model_ref(run))
-    cluster = cluster if cluster is not None else load_cluster(run["cluster"])
+    cluster = cluster if cluster is not None else load_stack(row_stack(run)).on_cluster(load_cluster(run["cluster"]))
     cfg = modern_config(run)
     # the CLI's rule: sequence parallelism only with TP
     cfg = cfg.with_(sequence_parallel=cfg.sequence_parallel and cfg.tp > 1)

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from planner.specs.hardware import hardware_profiles_dir, load_cluster
-from planner.validation.compare import evaluate_modern_run, load_modern_runs
+from planner.specs.stack import DEFAULT_STACK, stacks_dir
+from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_stack
 
 #: (profile fitted, precision, profiles of the same die that carry the value unfitted)
 TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
@@ -34,12 +35,17 @@ TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
 GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 
 #: expert GEMM issue time (``GPU.expert_gemm_call_s``): (profiles fitted together, precision, profiles that carry
-#: the value unfitted). The Blackwell pair shares one value: the same Megatron-Core / Transformer Engine path issues
-#: the expert GEMMs on either host; H800 does not carry H100's value: its one MoE row runs DeepSeek's own HAI-LLM,
-#: not that path; bf16 is not fitted: its only MoE rows that the value moves are GPT-OSS's, whose
-#: gap has causes the model lacks (attention sinks, biased experts, the clamped activation; README)
-CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", ()),
-                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",)))
+#: the value unfitted, stack). The Blackwell pair shares one value: the same Megatron-Core / Transformer Engine path
+#: issues the expert GEMMs on either host; H800 does not carry H100's value: its one MoE row runs DeepSeek's own
+#: HAI-LLM, not that path; bf16 is not fitted: its only MoE rows that the value moves are GPT-OSS's, whose gap has
+#: causes the model lacks (attention sinks, biased experts, the clamped activation; README). Each stack release is
+#: fitted on the rows that ran it: megatron-core's values (the current release, in the hardware profiles) on the rows
+#: of the other containers, megatron-core-25.11's (in its stack file) on the NeMo 25.11 and 26.02 rows, whose dropless
+#: path issued expert GEMMs more slowly (stacks/megatron-core-25.11.json says how that was established)
+CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", (), DEFAULT_STACK),
+                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK),
+                (("b200-180gb", "gb200-nvl72"), "mxfp8", (), "megatron-core-25.11"),
+                (("h100-80gb-sxm",), "fp8", (), "megatron-core-25.11"))
 #: issue times tried, microseconds per expert GEMM
 CALL_GRID_US = np.arange(0.0, 400.0001, 5.0)
 
@@ -54,6 +60,8 @@ class Fit:
     loso: dict[str, tuple[float, ...]]  # per left-out source: its rows' errors with the ratio refit without them
     #: per left-out model family (expert-call fits): its rows' errors with the value refit without them
     lomo: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    #: the stack whose rows the value was fitted on (expert-call fits; the default stack's values live in the profiles)
+    stack: str = DEFAULT_STACK
 
 
 @dataclass(frozen=True)
@@ -114,11 +122,12 @@ def fitting_rows(profile: str, precision: str) -> list[dict]:
             and not _is_moe(r) and not r.get("held_out") and r["layout"].get("cp", 1) == 1]
 
 
-def call_fitting_rows(profiles: tuple[str, ...], precision: str) -> list[dict]:
-    """The MoE rows of these GPUs and precision (the rows the expert GEMM issue time is fitted on), held-out rows
-    aside."""
+def call_fitting_rows(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STACK) -> list[dict]:
+    """The MoE rows of these GPUs and precision that ran ``stack`` (the rows its expert GEMM issue time is fitted
+    on), held-out rows and rows whose stack runs one grouped kernel (``per_expert_gemm_calls`` false) aside."""
     return [r for r in load_modern_runs() if r["cluster"] in profiles and r["layout"]["precision"] == precision
-            and _is_moe(r) and not r.get("held_out")]
+            and _is_moe(r) and not r.get("held_out") and row_stack(r) == stack
+            and r["layout"].get("per_expert_gemm_calls", True)]
 
 
 def source_of(run: dict) -> str:
@@ -138,14 +147,14 @@ def fit(profile: str, precision: str) -> Fit:
                _left_out(runs, source_of, RATIO, precision))
 
 
-def fit_call(profiles: tuple[str, ...], precision: str) -> Fit:
-    """The expert GEMM issue time (microseconds) of these profiles and precision, with leave-one-source-out and
-    leave-one-model-family-out errors (each left-out group scored at the value refit on the rest)."""
-    runs = call_fitting_rows(profiles, precision)
+def fit_call(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STACK) -> Fit:
+    """The expert GEMM issue time (microseconds) of these profiles and precision under ``stack``, with leave-one-
+    source-out and leave-one-model-family-out errors (each left-out group scored at the value refit on the rest)."""
+    runs = call_fitting_rows(profiles, precision, stack)
     value = _best(runs, CALL, precision)
     return Fit("+".join(profiles), precision, value, tuple(r["id"] for r in runs),
                tuple(_errors(runs, CALL, precision, value)), _left_out(runs, source_of, CALL, precision),
-               _left_out(runs, family_of, CALL, precision))
+               _left_out(runs, family_of, CALL, precision), stack)
 
 
 def _pct(errors) -> str:
@@ -171,11 +180,18 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
     lomo_all = [e for errs in f.lomo.values() for e in errs]
     entry = {"value": f.value, "fitted_on": list(f.rows),
              "method": "planner/validation/fit.py: grid over [0, 400] us step 5, least mean |error| of tokens/s per "
-                       "GPU on these rows (the MoE rows of " + ", ".join(f.profile.split("+")) + " in this precision, all run "
-                       "with Megatron-Core and Transformer Engine's grouped GEMM)",
+                       "GPU on these rows (the MoE rows of " + ", ".join(f.profile.split("+")) + " in this precision that ran "
+                       f"stack {f.stack}, all with Megatron-Core and Transformer Engine's grouped GEMM)",
              "in_sample": _pct(f.in_sample),
              "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
              "leave_one_model_family_out": _pct(lomo_all) if lomo_all else "one model family only: no left-out check"}
+    if f.stack != DEFAULT_STACK:  # another release's value: in its stack file, by profile
+        path = stacks_dir() / f"{f.stack}.json"
+        data = json.loads(path.read_text())
+        for name in f.profile.split("+"):
+            data.setdefault("expert_gemm_call_us", {}).setdefault(name, {})[f.precision] = entry
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return
     _store(f, carried_to, "expert_gemm_call_us", entry, "host software path (Megatron-Core, Transformer Engine)")
 
 
@@ -204,9 +220,9 @@ def main() -> None:
             print(f"  left out {src}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
         if args.write:
             write(f, carried)
-    for profiles, precision, carried in CALL_TARGETS:
-        f = fit_call(profiles, precision)
-        print(f"{f.profile} {precision}: expert GEMM issue time {f.value:.0f} us on {len(f.rows)} rows "
+    for profiles, precision, carried, stack in CALL_TARGETS:
+        f = fit_call(profiles, precision, stack)
+        print(f"{f.profile} {precision} ({stack}): expert GEMM issue time {f.value:.0f} us on {len(f.rows)} rows "
               f"({', '.join(f.rows)})")
         print(f"  in-sample: {_pct(f.in_sample)}")
         for kind, groups in (("source", f.loso), ("model family", f.lomo)):
