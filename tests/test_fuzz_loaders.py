@@ -198,6 +198,15 @@ def test_mutated_profiles(data: st.DataObject, value: Any, delete: bool) -> None
         assert str(path) in str(r)
 
 
+def test_a_null_kernel_table_is_refused() -> None:
+    """What the profile fuzz found (2026-12-05): a null entry in gpu.other_attention_kernels was read as no table
+    and crashed later, on its name; it is refused with the field named."""
+    path = next(p for p in PROFILE_FILES if "other_attention_kernels" in json.loads(p.read_text())["gpu"])
+    bad = _mutate(json.loads(path.read_text()), ("gpu", "other_attention_kernels", 0), None, False)
+    r = _loads_or_planner_error(lambda d: cluster_from_dict(d, source=str(path)), bad)
+    assert isinstance(r, PlannerError) and r.field == "gpu.other_attention_kernels[0]"
+
+
 @FUZZ
 @given(value=HOSTILE, data=st.data())
 def test_mutated_model_file_roundtrip(tmp_path: Path, value: Any, data: st.DataObject) -> None:

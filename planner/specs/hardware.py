@@ -382,6 +382,10 @@ def _other_attention_kernels(d: Any, source: str) -> tuple[AttentionKernel, ...]
     if not isinstance(d, list):
         raise PlannerError("must be a list of kernel tables", source=source, field="gpu.other_attention_kernels",
                            fix=_FORMAT_FIX)
+    for i, k in enumerate(d):  # each entry a table: _attention_kernel reads an absent one as "none"
+        if not isinstance(k, dict):
+            raise PlannerError("must be a kernel table (an object)", source=source,
+                               field=f"gpu.other_attention_kernels[{i}]", fix=_FORMAT_FIX)
     return tuple(_attention_kernel(k, source, f"gpu.other_attention_kernels[{i}]") for i, k in enumerate(d))
 
 
