@@ -186,6 +186,12 @@ def estimate_command(run: dict) -> str:
             parts.append(f"--{flag}" if value else f"--no-{flag}")
     if cfg.ep_dispatcher != default.ep_dispatcher:
         parts.append(f"--ep-dispatcher {cfg.ep_dispatcher}")
+    if cfg.attention_kernel:
+        parts.append(f"--attention-kernel {cfg.attention_kernel}")
+    if not cfg.per_expert_gemm_calls:
+        parts.append("--grouped-expert-gemm")
+    if not cfg.overlap_p2p_comm:
+        parts.append("--no-overlap-p2p-comm")
     if cfg.layers_per_stage is not None:
         parts.append("--layers-per-stage " + ",".join(map(str, cfg.layers_per_stage)))
     if cfg.offload_layers:
