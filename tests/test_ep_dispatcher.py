@@ -41,15 +41,42 @@ def test_dedup_shortens_only_cross_node_expert_parallelism():
 
 def test_stacks_default_to_the_all_to_all_dispatcher_and_refuse_unknown_ones(tmp_path):
     for name in shipped_stacks():
-        assert load_stack(name).ep_dispatcher == "alltoall"
-        assert load_stack(name).fixed_options()["ep_dispatcher"] == "alltoall"
+        assert load_stack(name).ep_dispatcher == "alltoall" == load_stack(name).options()["ep_dispatcher"]
+    # what they run: Megatron-Core's flex dispatcher with HybridEP (DeepEP in the 25.11 containers); the others none
+    assert load_stack("megatron-core").ep_dispatcher_choices == ("alltoall", "hybridep")
+    assert load_stack("megatron-core-25.11").ep_dispatcher_choices == ("alltoall", "deepep")
+    assert load_stack("torchtitan").ep_dispatcher_choices == ("alltoall",)
     data = json.loads((stacks_dir() / "megatron-core.json").read_text())
-    data["options"]["ep_dispatcher"] = "deepep"
-    assert stack_from_dict(data, source="s.json").apply(CROSS).ep_dispatcher == "deepep"
+    data["options"]["ep_dispatcher"] = "hybridep"
+    assert stack_from_dict(data, source="s.json").apply(CROSS).ep_dispatcher == "hybridep"
+    data["options"]["ep_dispatcher"] = "deepep"  # not among its runs.ep_dispatchers
+    with pytest.raises(PlannerError) as e:
+        stack_from_dict(data, source="s.json")
+    assert e.value.field == "runs.ep_dispatchers"
     data["options"]["ep_dispatcher"] = "nccl"
     with pytest.raises(PlannerError) as e:
         stack_from_dict(data, source="s.json")
     assert e.value.field == "options.ep_dispatcher"
+
+
+def test_the_search_picks_the_dispatcher_where_ep_spans_nodes():
+    """Under megatron-core (all-to-all and HybridEP), DeepSeek-V3 on 2,048 H800 (the report's cluster): the best
+    plan runs EP 64 over eight nodes with HybridEP's per-node dispatch; pinned to the all-to-all it keeps EP within
+    two nodes and is slower. An EP group inside one node holds the stack's default alone."""
+    from planner.export import plan_for_launcher
+    from planner.search.space import SearchSpace, build_space
+
+    h800 = load_cluster("h800-80gb-sxm")
+    core = load_stack("megatron-core")
+    kw = dict(precision="fp8", stack=core, option="--stack")
+    best = plan_for_launcher(DSV3, h800, 2048, 15360, 4096, "megatron", **kw)
+    pinned = plan_for_launcher(DSV3, h800, 2048, 15360, 4096, "megatron", ep_dispatcher="alltoall", **kw)
+    assert best.config.ep_dispatcher == "hybridep" and best.config.ep * best.config.expert_tp > 8
+    assert pinned.config.ep_dispatcher == "alltoall"
+    assert best.estimate.step_time_s < 0.9 * pinned.estimate.step_time_s
+    space = build_space(MIXTRAL, H100, 8, 32, 4096, SearchSpace(ep_dispatchers=("alltoall", "hybridep")))
+    from planner.search.space import G
+    assert set(space.groups[:, G["epd"]]) == {0}  # one node: no group spans nodes
 
 
 def test_plan_json_round_trip_and_exports():

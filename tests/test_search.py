@@ -88,11 +88,12 @@ IDS.append("gpt-13L-8gpu-uneven-chunks")
 CASES.append((small_gpt(layers=12, hidden=1024, heads=8), H100, 16, 16, 4096,
               SearchSpace(partial_recompute=False, schedules=("interleaved-1f1b",), overlap_p2p_comm=False)))
 IDS.append("gpt-12L-16gpu-blocking-sends")
-#: MoE over two nodes with DeepEP's per-node deduplicated dispatch: the all-to-all of the layer keys that span nodes
+#: MoE over two nodes with both dispatchers searched: DeepEP's per-node deduplicated dispatch where an EP group spans
+#: nodes (a column of the layer key), the all-to-all alone inside a node
 CASES.append((load_model("mixtral-8x7b"), H100, 16, 32, 4096,
               SearchSpace(schedules=("1f1b",), cp_kinds=("ring",), partial_recompute=False, zero_stages=(1,),
-                          ep_dispatcher="deepep")))
-IDS.append("mixtral-16gpu-deepep")
+                          ep_dispatchers=("alltoall", "deepep"))))
+IDS.append("mixtral-16gpu-two-dispatchers")
 
 
 def test_the_uneven_case_holds_uneven_virtual_chunks():

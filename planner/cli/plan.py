@@ -231,7 +231,8 @@ def plan(
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
                             packed_attention_cv=packed_cv, offload_modules=offload_modules,
-                            attention_kernel=attention_kernel or "", ep_dispatcher=ep_dispatcher or "alltoall")
+                            attention_kernel=attention_kernel or "",
+                            **({"ep_dispatchers": (ep_dispatcher,)} if ep_dispatcher else {}))
         if cons is not None:
             space = cons.narrow([space], "the search")[0]
         return search_plans(spec, hw, gpus, global_batch, seq_len, top_k=top, objective=objective,

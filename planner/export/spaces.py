@@ -16,7 +16,12 @@ from typing import Any
 from planner.errors import InfeasibleError, PlannerError
 from planner.export import TARGETS, export
 from planner.export import megatron, torchtitan
-from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS
+
+
+#: the MoE token dispatchers each launcher's configs can name (Megatron-LM and Megatron-Bridge: the all-to-all and
+#: the flex dispatcher's backends; the others' exporters write all-to-all dispatch: planner.export._common)
+LAUNCHER_DISPATCHERS = {"megatron": EP_DISPATCHERS, "nemo": EP_DISPATCHERS}
 
 
 def launcher_spaces(target: str, option: str = "--launcher", precision: str = "bf16",
@@ -35,7 +40,9 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
         raise PlannerError(f"{target} cannot choose which modules selective recomputation redoes "
                            f"({recompute_modules})", source="--recompute-modules",
                            fix="drop --recompute-modules, or use megatron / nemo (Megatron-Core --recompute-modules)")
-    base = SearchSpace(precision=precision, recompute_modules=recompute_modules)
+    base = SearchSpace(precision=precision, recompute_modules=recompute_modules,
+                       ep_dispatchers=tuple(d for d in SearchSpace.ep_dispatchers
+                                            if d in LAUNCHER_DISPATCHERS.get(target, ("alltoall",))))
     if target in ("megatron", "nemo"):  # Megatron-LM, and Megatron-Bridge (NeMo's LLM pre-training): Megatron Core
         schedules = tuple(s for s in base.schedules if megatron.SCHEDULE_SUPPORT.get(s))
         # ZeRO-2/3 through Megatron FSDP, which needs a model without pipeline stages
@@ -94,6 +101,9 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
             hsdp_zero_stages=tuple(z for z in space.hsdp_zero_stages if z in stack.hsdp_zero_stages),
             flash_attention=(stack.flash_attention,), overlap_grad_reduce=(stack.overlap_grad_reduce,),
             overlap_param_gather=(stack.overlap_param_gather,), grad_reduce_bytes=(stack.grad_reduce_bytes,),
+            # the stack's dispatchers the launcher runs, its default first (what an EP group inside a node runs)
+            ep_dispatchers=tuple(d for d in dict.fromkeys((stack.ep_dispatcher,) + stack.ep_dispatcher_choices)
+                                 if d in LAUNCHER_DISPATCHERS.get(target, ("alltoall",))) or ("alltoall",),
             **stack.fixed_options())
         if narrowed.schedules and narrowed.zero_stages and narrowed.cp_kinds:
             out.append(narrowed)
@@ -146,7 +156,7 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     if attention_kernel is not None:
         spaces = [replace(s, attention_kernel=attention_kernel) for s in spaces]
     if ep_dispatcher is not None:
-        spaces = [replace(s, ep_dispatcher=ep_dispatcher) for s in spaces]
+        spaces = [replace(s, ep_dispatchers=(ep_dispatcher,)) for s in spaces]
     found = []
     reasons = []
     fixes = []

@@ -49,7 +49,7 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
 from planner.search.space import (REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, ZERO_COLUMNS, Rows, Space, column_of,
                                   recompute_k)
-from planner.specs.config import CP_KINDS, LAYER_FIELDS, ZERO_STAGES, ConfigBatch, even_layer_split
+from planner.specs.config import CP_KINDS, EP_DISPATCHERS, LAYER_FIELDS, ZERO_STAGES, ConfigBatch, even_layer_split
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -164,7 +164,7 @@ class GroupTables:
 
 #: the group columns one layer's costs depend on (``config.LAYER_FIELDS`` as the space varies them; the recompute
 #: mode is fixed to "selective", whose activation bytes the tables keep beside those of "none" and "full")
-LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "etp", "tpo", "fa", "epo")
+LAYER_KEY = ("tp", "cp", "cp_kind", "mb", "sp", "ep", "etp", "tpo", "fa", "epo", "epd")
 
 
 def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTables:
@@ -292,11 +292,12 @@ def _per_class(mem_class: tuple[int, ...], per_kind: list[tuple], n: int) -> lis
 def layer_key_batch(space: Space, uniq: np.ndarray, recompute: str = "selective") -> ConfigBatch:
     """The configurations of distinct layer keys (rows of ``uniq``, columns ``LAYER_KEY``) of a space, under one
     recompute mode."""
-    t, c, k, b, s, e, x, tpo, fa, epo = uniq.T
+    t, c, k, b, s, e, x, tpo, fa, epo, epd = uniq.T
     return ConfigBatch.from_columns(tp=t, cp=c, cp_kind=np.asarray(CP_KINDS)[k], ep=e, micro_batch_size=b,
                                     seq_len=space.seq_len, sequence_parallel=s.astype(bool), recompute=recompute,
                                     flash_attention=fa.astype(bool), tp_comm_overlap=tpo.astype(bool),
                                     expert_tp=x, ep_comm_overlap=epo.astype(bool), fused_cross_entropy=True,
+                                    ep_dispatcher=np.asarray(EP_DISPATCHERS)[epd],
                                     **{f: v for f, v in space.fixed.as_dict().items() if f in LAYER_FIELDS})
 
 

@@ -23,11 +23,12 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.cost import comm
 from planner.cost.schedule import SCHEDULES
 from planner.cost.validity import hsdp_splits_expert_dp, mamba_cp_problem, tp_splits_heads, ulysses_problem
 from planner.errors import PlannerError
-from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODES, ZERO_STAGES, FixedOptions,
-                                  RunConfig, recompute_module_on)
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, RECOMPUTE_MODES, ZERO_STAGES,
+                                  FixedOptions, RunConfig, recompute_module_on)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -92,8 +93,10 @@ class SearchSpace:
     #: pipeline sends overlapped with compute where the schedule runs it (config.RunConfig.overlap_p2p_comm: the
     #: stack's, not searched)
     overlap_p2p_comm: bool = True
-    #: the MoE token dispatcher (config.RunConfig.ep_dispatcher: the stack's, not searched)
-    ep_dispatcher: str = "alltoall"
+    #: MoE token dispatchers (config.EP_DISPATCHERS; config.RunConfig.ep_dispatcher), searched where an EP group
+    #: spans nodes: only there do they cost differently (planner.cost.moe); elsewhere the first alone. The default:
+    #: Megatron's all-to-all and one per-node dispatch (HybridEP; DeepEP costs the same)
+    ep_dispatchers: tuple[str, ...] = ("alltoall", "hybridep")
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
     max_pp: int | None = None
@@ -236,10 +239,11 @@ def divisors(n: int) -> tuple[int, ...]:
 #: attention, "ogr" / "opg" overlapped grad reduce / param gather (0/1), "grb" bytes per element of the gradient
 #: reduction
 GROUP_COLS = ("tp", "cp", "cp_kind", "pp", "ep", "etp", "mb", "sched", "vpp", "sp", "tpo", "fa", "ogr", "opg",
-              "grb", "epo")
-#: the option columns, after the degree columns, and the RunConfig field each sets
+              "grb", "epo", "epd")
+#: the option columns, after the degree columns, and the RunConfig field each sets ("epd" indexes EP_DISPATCHERS)
 OPTION_FIELDS = {"tpo": "tp_comm_overlap", "fa": "flash_attention", "ogr": "overlap_grad_reduce",
-                 "opg": "overlap_param_gather", "grb": "grad_reduce_bytes", "epo": "ep_comm_overlap"}
+                 "opg": "overlap_param_gather", "grb": "grad_reduce_bytes", "epo": "ep_comm_overlap",
+                 "epd": "ep_dispatcher"}
 G = {name: j for j, name in enumerate(GROUP_COLS)}
 #: storage of the group columns: every one is a small count or code (degrees, micro-batch size, indices, 0/1), and
 #: products of them stay within a GPU count; int32 halves the memory a million-group space writes and reads
@@ -267,6 +271,13 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                    for grb in sorted(set(space.grad_reduce_bytes))]
     tpo_opts = sorted({int(x) for x in space.tp_comm_overlap}, reverse=True)
     epo_opts = sorted({int(x) for x in space.ep_comm_overlap}, reverse=True) if model.is_moe else [0]
+    epd_opts = [EP_DISPATCHERS.index(d) for d in dict.fromkeys(space.ep_dispatchers)]
+
+    def dispatchers(tp, cp, dp, pp, ep, etp):
+        """The dispatcher codes of an EP group: all of the space's where it spans nodes, else the first alone."""
+        if ep > 1 and len(epd_opts) > 1 and comm.groups_for(cluster, tp, cp, dp, pp, ep, etp).ep.spans_nodes:
+            return epd_opts
+        return epd_opts[:1]
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
     schedule_runs: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}  # (pp, m) -> (schedule, vpp, no overlap)
     tail_sets: list[list[tuple[int, int]]] = []
@@ -309,18 +320,19 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                     vpps = [([v for v in range(2, L // pp + 1) if near_even_chunks(L, pp * v, space.uneven_chunks)]
                              if pp > 1 else []) if sched.supports_vpp else [1] for sched in scheds]
                     vpps = [[v for v in vs if allowed(v, space.vpp_values)] for vs in vpps]
-                    tails = [(ep, etp, sp, tpo) + opts + (epo,) for ep, etp in ep_etps for sp in sps
+                    tails = [(ep, etp, sp, tpo) + opts + (epo, epd) for ep, etp in ep_etps for sp in sps
                              # Megatron-Core MoE: EP with TP, and expert TP other than TP, need SP
                              if not ((ep > 1 or etp != tp) and tp > 1 and not sp)
                              for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts
-                             for epo in (epo_opts if ep > 1 else [0])]
+                             for epo in (epo_opts if ep > 1 else [0])
+                             for epd in dispatchers(tp, cp, dp, pp, ep, etp)]
                     if not tails:
                         continue
                     tail_id = len(tail_sets)
                     tail_sets.append(tails)
                     # with PP and no virtual stages the all-to-all overlap cannot run (Megatron-Core's rule), but
                     # under a schedule that pairs micro-batches itself (DualPipe's F&B)
-                    plain = [t for t in tails if not t[-1]]
+                    plain = [t for t in tails if not t[-2]]  # (the all-to-all overlap's column, before "epd")
                     plain_id = len(tail_sets) if len(plain) < len(tails) else tail_id
                     if plain_id != tail_id:
                         tail_sets.append(plain)
@@ -578,7 +590,8 @@ class Space:
             sequence_parallel=bool(g["sp"]), zero_stage=int(zero), recompute=mode,
             recompute_num_layers=int(rec) - REC_FULL_K + 1 if rec >= REC_FULL_K else None,
             schedule=self.schedules[g["sched"]], cp_kind=CP_KINDS[g["cp_kind"]], **self.fixed.as_dict(),
-            **{field_: (g[col] if col == "grb" else bool(g[col])) for col, field_ in OPTION_FIELDS.items()})
+            **{field_: (g[col] if col == "grb" else EP_DISPATCHERS[g[col]] if col == "epd" else bool(g[col]))
+               for col, field_ in OPTION_FIELDS.items()})
 
 
 def build_space(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int, seq_len: int,

@@ -228,11 +228,11 @@ class RunConfig:
 
 #: the RunConfig fields a search holds fixed in every row it ranks: the run's GEMM precision, and what the stack
 #: (attention kernel, expert GEMM issue, fp8 weight gather, recomputation of the fused attention, the modules
-#: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends, the MoE token dispatcher) and the data (packed
+#: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
                 "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
-                "offload_modules", "overlap_p2p_comm", "ep_dispatcher")
+                "offload_modules", "overlap_p2p_comm")
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,6 @@ class FixedOptions:
     packed_attention_cv: float = RunConfig.packed_attention_cv
     offload_modules: str = RunConfig.offload_modules
     overlap_p2p_comm: bool = RunConfig.overlap_p2p_comm
-    ep_dispatcher: str = RunConfig.ep_dispatcher
 
     @classmethod
     def of(cls, obj: Any) -> "FixedOptions":

@@ -30,7 +30,7 @@ OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather",
 #: the options a stack decides that a search holds fixed (of ``config.FIXED_FIELDS``; the run's precision, the
 #: recompute and offload modules and the data's packing are the request's)
 STACK_FIXED_FIELDS = ("attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "recompute_fused_attention",
-                      "overlap_p2p_comm", "ep_dispatcher")
+                      "overlap_p2p_comm")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -82,8 +82,11 @@ class Stack:
     #: (``options.overlap_p2p_comm``; absent: true, Megatron-Core's default with virtual stages)
     overlap_p2p_comm: bool = True
     #: its MoE token dispatcher (``options.ep_dispatcher``, ``config.EP_DISPATCHERS``; absent: "alltoall",
-    #: Megatron-Core's all-to-all dispatcher)
+    #: Megatron-Core's all-to-all dispatcher): what an estimate runs unless ``--ep-dispatcher`` says otherwise
     ep_dispatcher: str = "alltoall"
+    #: the dispatchers its plans may use (``runs.ep_dispatchers``; absent: the option's alone): a search holds
+    #: each where an EP group spans nodes (``planner.search.space``)
+    ep_dispatcher_choices: tuple[str, ...] = ("alltoall",)
     #: the expert GEMM issue times of this stack's release where they differ from the hardware profiles' (which
     #: hold the current megatron-core release's): (profile name, ((precision, seconds), ...)), from the file's
     #: ``expert_gemm_call_us`` (fitted values, with the rows they were fitted on: planner/validation/fit.py)
@@ -108,7 +111,8 @@ class Stack:
         """The RunConfig runtime options this stack runs with."""
         return {"flash_attention": self.flash_attention, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather, "tp_comm_overlap": self.tp_comm_overlap,
-                "grad_reduce_bytes": self.grad_reduce_bytes, **self.fixed_options()}
+                "grad_reduce_bytes": self.grad_reduce_bytes, "ep_dispatcher": self.ep_dispatcher,
+                **self.fixed_options()}
 
     def apply(self, cfg: RunConfig, **overrides: Any) -> RunConfig:
         """``cfg`` with the stack's runtime options, then the given overrides (None: keep the stack's); TP overlap
@@ -184,6 +188,10 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     if dispatcher not in EP_DISPATCHERS:
         raise PlannerError(f"unknown MoE token dispatcher {dispatcher!r}", source=source, field="options.ep_dispatcher",
                            fix=f"use one of: {', '.join(EP_DISPATCHERS)}")
+    dispatchers = _list(runs, "ep_dispatchers", EP_DISPATCHERS, source) if "ep_dispatchers" in runs else (dispatcher,)
+    if dispatcher not in dispatchers:
+        raise PlannerError(f"the stack's options.ep_dispatcher {dispatcher!r} is not among its runs.ep_dispatchers",
+                           source=source, field="runs.ep_dispatchers", fix=f"add {dispatcher!r} to the list")
     calls = data.get("expert_gemm_call_us", {})
     if not isinstance(calls, dict) or not all(isinstance(v, dict) for v in calls.values()):
         raise PlannerError("must be an object of {profile: {precision: {\"value\": microseconds}}}", source=source,
@@ -212,4 +220,4 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
-        ep_dispatcher=dispatcher, expert_gemm_call_s=call_s)
+        ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, ep_dispatcher_choices=dispatchers)
