@@ -23,8 +23,10 @@ def test_shipped_stacks_load_and_the_default_is_listed():
     assert set(shipped_stacks()) >= {"megatron-core", "megatron-2021", "torchtitan", "deepspeed"}
     r = runner.invoke(app, ["list", "stacks", "--json"])
     assert r.exit_code == 0
-    names = [row["name"] for row in json.loads(r.stdout)]
-    assert f"{DEFAULT_STACK} (default)" in names
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    assert f"{DEFAULT_STACK} (default)" in rows
+    assert rows[f"{DEFAULT_STACK} (default)"]["dispatchers"] == "alltoall, hybridep"
+    assert rows["torchtitan"]["dispatchers"] == "alltoall"
     core = load_stack("megatron-core")
     assert core.tp_comm_overlap and core.grad_reduce_bytes == 4 and core.launcher == "megatron"
     old = load_stack("megatron-2021")

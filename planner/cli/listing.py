@@ -116,7 +116,8 @@ def stack_rows() -> list[dict[str, Any]]:
         return {"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
                 "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
                 "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
-                "moe_overlap": "yes" if True in s.ep_comm_overlap_choices else "no", "description": s.description}
+                "moe_overlap": "yes" if True in s.ep_comm_overlap_choices else "no",
+                "dispatchers": ", ".join(s.ep_dispatcher_choices), "description": s.description}
 
     return _loaded_rows(shipped_stacks(), load_stack, row)
 
@@ -159,7 +160,7 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                   ("launchers", "launchers", "{}"), ("description", "description", "{}")],
     "stacks": [("name", "name", "{}"), ("launcher", "launcher", "{}"), ("options", "options", "{}"),
                ("schedules", "schedules", "{}"), ("zero_stages", "ZeRO", "{}"), ("cp_kinds", "CP", "{}"),
-               ("moe_overlap", "MoE all-to-all overlap", "{}")],
+               ("moe_overlap", "MoE all-to-all overlap", "{}"), ("dispatchers", "MoE dispatchers", "{}")],
     "distributions": [("name", "name", "{}"), ("mean_tokens", "mean tokens", "{:,.0f}"),
                       ("max_tokens", "max tokens", "{:,}"), ("doc_len_tokens", "token-weighted doc length", "{:,.0f}"),
                       ("source", "source", "{}")],
