@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
+from planner.cost.moe import ep_layer_cost
 from planner.cost.step import estimate
 from planner.errors import PlannerError
 from planner.plan import config_from_dict, plan_dict
@@ -117,3 +120,30 @@ def test_cli_estimate_and_plan_take_the_dispatcher():
                               "--global-batch", "64", "--seq-len", "4096", "--ep-dispatcher", "deepep", "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["options"]["ep_dispatcher"] == "deepep"
+
+
+@settings(max_examples=60, deadline=None)
+@given(cluster=st.sampled_from(["h100-80gb-sxm", "h800-80gb-sxm", "b200-180gb", "a100-80gb-sxm", "mi300x-192gb"]),
+       model=st.sampled_from(["deepseek-v3", "mixtral-8x7b", "llama-4-maverick"]),
+       tp=st.sampled_from([1, 2, 4, 8]), ep=st.sampled_from([2, 4, 8, 16, 32, 64]), etp_one=st.booleans(),
+       mb=st.sampled_from([1, 2, 3, 8]), seq=st.sampled_from([1024, 4096, 32768]), sp=st.booleans())
+def test_the_dispatchers_the_search_drops_are_never_faster(cluster, model, tp, ep, etp_one, mb, seq, sp):
+    """moe.undominated_dispatchers keeps, per EP placement, the dispatchers no other beats at any token count; at
+    any configuration on that placement the fastest dispatcher's time is one of them (so the search, which holds
+    only those where the EP group spans nodes, loses nothing)."""
+    from planner.cost import comm
+    from planner.cost.moe import undominated_dispatchers
+    from planner.specs.config import EP_DISPATCHERS
+
+    m, c = load_model(model), load_cluster(cluster)
+    if m.num_experts % ep:
+        return
+    etp = 1 if etp_one else tp
+    cfg = RunConfig(num_gpus=tp * ep * 2, tp=tp, ep=ep, etp=None if etp == tp else etp, global_batch_size=ep * 2 * mb,
+                    micro_batch_size=mb, seq_len=seq, sequence_parallel=sp and tp > 1)
+    g = comm.groups_for(c, tp, 1, cfg.dp, 1, ep, cfg.expert_tp)
+    kept = undominated_dispatchers(m, c, g.ep, EP_DISPATCHERS)
+    assert kept and kept[0] in EP_DISPATCHERS
+    times = {d: float(ep_layer_cost(m, c, cfg.with_(ep_dispatcher=d), g.ep, g.etp).all_to_all_s)
+             for d in EP_DISPATCHERS}
+    assert min(times[d] for d in kept) <= min(times.values()) * (1 + 1e-12)

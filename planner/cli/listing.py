@@ -195,7 +195,8 @@ def list_(
     cols = COLUMNS[what]
     add_columns(t, [header for _, header, _ in cols],
                 text=("name", "type", "GPU", "description", "launchers", "launcher", "options", "schedules", "ZeRO",
-                      "CP", "experts", "virtual stages", "MoE all-to-all overlap", "targets", "writes", "checked by", "source"))
+                      "CP", "experts", "virtual stages", "MoE all-to-all overlap", "MoE dispatchers", "targets",
+                      "writes", "checked by", "source"))
     for row in rows:
         if "error" in row:
             t.add_row(row["name"], f"[red]{row['error']}[/]", *([""] * (len(cols) - 2)))

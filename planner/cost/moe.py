@@ -134,3 +134,28 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: com
     etp = np.where(has_ep, etp, 0.0)  # all_gather_s is 0 for tp = 1
     one_way = 2 * a2a + etp
     return EPCost(one_way, one_way, a2a, etp)
+
+
+def undominated_dispatchers(model: ModelSpec, cluster: Cluster, ep_group: comm.GroupPlacement,
+                            dispatchers: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``dispatchers`` (in order) that no other of them beats on this EP group at any token count: a
+    dispatch's time (:func:`ep_layer_cost`'s ``all_to_all_s``) is affine in the tokens T of a GPU's shard, a per-token
+    slope over the links plus per-peer latencies, and nothing else of a layer depends on the dispatcher, so one that
+    is no faster at one token and no faster per token than another never is. Measured here at T = 1 and 2 (the
+    search's rows hold every T >= 1); equal ones keep the first. What the search holds where an EP group spans
+    nodes (``planner.search.space``)."""
+    from planner.specs.config import RunConfig
+
+    one = RunConfig(num_gpus=ep_group.size, ep=ep_group.size, global_batch_size=ep_group.size, seq_len=1)
+    at = {d: np.array([float(ep_layer_cost(model, cluster, one.with_(seq_len=t, ep_dispatcher=d), ep_group,
+                                           ep_group).all_to_all_s) for t in (1, 2)]) for d in dispatchers}
+    fixed = {d: 2 * v[0] - v[1] for d, v in at.items()}  # the intercept of each affine time
+    slope = {d: v[1] - v[0] for d, v in at.items()}
+    out = []
+    for i, d in enumerate(dispatchers):
+        beaten = any(fixed[o] <= fixed[d] and slope[o] <= slope[d] and (j < i or fixed[o] < fixed[d] or
+                                                                        slope[o] < slope[d])
+                     for j, o in enumerate(dispatchers) if o != d)
+        if not beaten:
+            out.append(d)
+    return tuple(out)

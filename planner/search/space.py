@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm
+from planner.cost.moe import undominated_dispatchers
 from planner.cost.schedule import SCHEDULES
 from planner.cost.validity import hsdp_splits_expert_dp, mamba_cp_problem, tp_splits_heads, ulysses_problem
 from planner.errors import PlannerError
@@ -271,13 +272,22 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                    for grb in sorted(set(space.grad_reduce_bytes))]
     tpo_opts = sorted({int(x) for x in space.tp_comm_overlap}, reverse=True)
     epo_opts = sorted({int(x) for x in space.ep_comm_overlap}, reverse=True) if model.is_moe else [0]
-    epd_opts = [EP_DISPATCHERS.index(d) for d in dict.fromkeys(space.ep_dispatchers)]
+    listed = tuple(dict.fromkeys(space.ep_dispatchers))
+    first = [EP_DISPATCHERS.index(listed[0])]
+    kept_on: dict[tuple, list[int]] = {}  # per EP placement (size, GPUs per node), the dispatchers no other beats
 
     def dispatchers(tp, cp, dp, pp, ep, etp):
-        """The dispatcher codes of an EP group: all of the space's where it spans nodes, else the first alone."""
-        if ep > 1 and len(epd_opts) > 1 and comm.groups_for(cluster, tp, cp, dp, pp, ep, etp).ep.spans_nodes:
-            return epd_opts
-        return epd_opts[:1]
+        """The dispatcher codes of an EP group: where it spans nodes those of the space's no other beats at any
+        token count (moe.undominated_dispatchers: exact, the rest of a row being the same), else the first alone."""
+        if ep <= 1 or len(listed) == 1 or not model.is_moe:
+            return first
+        g = comm.groups_for(cluster, tp, cp, dp, pp, ep, etp).ep
+        if not g.spans_nodes:
+            return first
+        key = (int(g.size), int(g.members_per_node))
+        if key not in kept_on:
+            kept_on[key] = [EP_DISPATCHERS.index(d) for d in undominated_dispatchers(model, cluster, g, listed)]
+        return kept_on[key]
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
     schedule_runs: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}  # (pp, m) -> (schedule, vpp, no overlap)
     tail_sets: list[list[tuple[int, int]]] = []
