@@ -120,6 +120,10 @@ def test_cli_estimate_and_plan_take_the_dispatcher():
                               "--global-batch", "64", "--seq-len", "4096", "--ep-dispatcher", "deepep", "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["options"]["ep_dispatcher"] == "deepep"
+    # the layout line says what a launch needs
+    text = runner.invoke(app, ["plan", "--model", "deepseek-v3", "--cluster", "h800-80gb-sxm", "--gpus", "2048",
+                               "--global-batch", "15360", "--seq-len", "4096", "--precision", "fp8"], env={"COLUMNS": "200"})
+    assert text.exit_code == 0 and "hybridep dispatch" in text.stdout and "all-to-all overlap" in text.stdout
 
 
 @settings(max_examples=60, deadline=None)

@@ -87,6 +87,10 @@ def config_line(cfg: RunConfig) -> str:
               "SP" if cfg.sequence_parallel and cfg.tp > 1 else "no SP"]
     if cfg.tp_comm_overlap and cfg.tp > 1:
         parts.append("TP overlap")
+    if cfg.ep > 1 and cfg.ep_comm_overlap:
+        parts.append("all-to-all overlap")
+    if cfg.ep > 1 and cfg.ep_dispatcher != "alltoall":  # a launch needs that library (DeepEP / HybridEP)
+        parts.append(f"{cfg.ep_dispatcher} dispatch")
     if cfg.precision != "bf16":
         parts.append(cfg.precision)
     if cfg.offload_modules:
