@@ -70,6 +70,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({} if cfg.recompute_fused_attention else {"recompute_fused_attention": False}),
             **({} if cfg.overlap_p2p_comm else {"overlap_p2p_comm": False}),
             **({"ep_dispatcher": cfg.ep_dispatcher} if cfg.ep_dispatcher != "alltoall" else {}),
+            **({"pipeline_flushes": cfg.pipeline_flushes} if cfg.pipeline_flushes != 1 else {}),
         },
     }
 

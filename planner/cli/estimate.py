@@ -129,6 +129,11 @@ def estimate(
                                       help="MoE token dispatcher: alltoall (every token copy over the EP all-to-all) "
                                            "| deepep | hybridep (Megatron's flex dispatcher: a token crosses the "
                                            "network once per remote node); default: the stack's"),
+    pipeline_flushes: int = typer.Option(1, "--pipeline-flushes",
+                                         help="Gradient-accumulation passes per step, each its own run of the "
+                                              "pipeline schedule (torchtitan / NeMo AutoModel with PP: the step's "
+                                              "micro-batches / local batch); 1: one schedule over the step "
+                                              "(Megatron-Core)"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables"),
     fused_cross_entropy: bool = typer.Option(True, "--fused-cross-entropy/--no-fused-cross-entropy",
                                              help="Loss cross-entropy fused (Megatron --cross-entropy-loss-fusion) "
@@ -174,7 +179,7 @@ def estimate(
                     sequence_parallel=sequence_parallel and tp > 1, zero_stage=zero, schedule=schedule,
                     precision=precision, layers_per_stage=split, etp=etp, dp_shard=dp_shard, recompute_modules=modules,
                     ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers, offload_modules=offload,
-                    fused_cross_entropy=fused_cross_entropy)
+                    fused_cross_entropy=fused_cross_entropy, pipeline_flushes=pipeline_flushes)
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),

@@ -595,6 +595,11 @@ def step_breakdown(bott: StageEstimate, passes: float, bubble_s: float, dp_expos
 def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Estimate:
     gpu = cluster.gpu
     p, v, m, dp = cfg.pp, cfg.vpp, cfg.num_microbatches, cfg.dp
+    # gradient-accumulation passes that each run the schedule on their own (RunConfig.pipeline_flushes): the
+    # schedule, its bubble and the step's data-parallel collectives are those of one pass over m / flushes
+    # micro-batches, taken flushes times
+    flushes = cfg.pipeline_flushes
+    m = m // flushes
     groups = _groups_for(cluster, cfg.tp, cfg.cp, dp, p, cfg.ep, cfg.expert_tp)
     kind_costs = [_layer_cost(model, cluster, cfg, groups, k) for k in range(len(model.layer_kinds))]
     ends = LAYER_COSTS.end(model, cluster, cfg, groups)
@@ -721,7 +726,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         params_expert=lists["expert_params"][r], inflight_microbatches=inflight[r]) for r in range(p)]
 
     pipe = sched.time(F, B, W, m, v)
-    pipe_s, bubble_s = float(pipe.total_s), float(pipe.bubble_s)
+    pipe_s, bubble_s = flushes * float(pipe.total_s), flushes * float(pipe.bubble_s)
 
     # --- per-rank model states, data-parallel communication and optimizer step, over the ranks at once
     dense_p, expert_p = rank["dense_params"], rank["expert_params"]
@@ -743,28 +748,29 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     local = zero_sharded_params(dense_p, expert_p, cfg.zero_stage, dp_shard, expert_dp_shard, "optimizer")
     t_opt = np.broadcast_to(optimizer_step_s(local, gpu), (p,))
     t_dp = np.broadcast_to(t_dp, (p,))
-    dp_exposed, opt_s = float(np.max(t_dp)), float(np.max(t_opt))
+    dp_exposed, opt_s = flushes * float(np.max(t_dp)), float(np.max(t_opt))
     # packed variable-length documents: the ranks wait for the one with the most attention work (the busiest
     # pipeline rank's attention per micro-batch, over its passes)
     wait = float(packed_wait_s(np.max(rank["attn"]), cfg.packed_attention_cv, dp,
-                               passes * cfg.micro_batch_size, cfg.micro_batch_size)) \
+                               flushes * passes * cfg.micro_batch_size, cfg.micro_batch_size)) \
         if cfg.packed_doc_len and cfg.packed_attention_cv else 0.0
     per_rank = [dict(zip(states, values)) for values in zip(*(np.broadcast_to(x, (p,)).tolist()
                                                                for x in states.values()))]
     stages = tuple(
         StageEstimate(**row, memory_bytes={**per_rank[r], "activations": act * row["inflight_microbatches"],
-                                           "workspace": ws}, dp_exposed_s=float(t_dp[r]), optimizer_s=float(t_opt[r]))
+                                           "workspace": ws}, dp_exposed_s=flushes * float(t_dp[r]),
+                      optimizer_s=float(t_opt[r]))
         for r, (row, act, ws) in enumerate(zip(stage_rows, act_per_mb.tolist(), workspace.tolist())))
 
     step = pipe_s + dp_exposed + opt_s + wait
     mflops = model_flops_per_step(model, cfg.global_batch_size, cfg.seq_len,
                                   keys=float(attended_keys(cfg)) if cfg.packed_doc_len else None)
-    hflops = mflops + float(recompute_flops_per_mb.sum()) * passes * dp * cfg.tp * cfg.cp
+    hflops = mflops + float(recompute_flops_per_mb.sum()) * flushes * passes * dp * cfg.tp * cfg.cp
     n = cfg.num_gpus
     limit = gpu.usable_memory_bytes
     peak = max(s.peak_memory_bytes for s in stages)
     bott = max(stages, key=lambda s: s.time_per_microbatch_s)
-    breakdown = step_breakdown(bott, passes, bubble_s, dp_exposed, opt_s, wait)
+    breakdown = step_breakdown(bott, flushes * passes, bubble_s, dp_exposed, opt_s, wait)
     return Estimate(
         step_time_s=step, tokens_per_s=cfg.tokens_per_step / step, tflops_per_gpu=mflops / step / n / 1e12,
         mfu=mflops / step / (n * gpu.peak_flops), hfu=hflops / step / (n * gpu.peak_flops),

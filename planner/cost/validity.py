@@ -115,6 +115,13 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("global-batch", f"global batch {cfg.global_batch_size} is not divisible by dp*micro_batch = "
                                     f"{dp}*{cfg.micro_batch_size}; use a multiple of {unit} (e.g. {near}), a smaller "
                                     f"micro-batch or a larger tp*pp*cp"))
+    elif cfg.pipeline_flushes > 1 and cfg.pp == 1:
+        out.append(("pipeline-flushes", f"{cfg.pipeline_flushes} pipeline flushes need pipeline stages (pp > 1): "
+                                        "without them every micro-batch is its own pass already; use 1"))
+    elif cfg.pipeline_flushes < 1 or cfg.num_microbatches % cfg.pipeline_flushes:
+        out.append(("pipeline-flushes", f"{cfg.pipeline_flushes} pipeline flushes do not divide the step's "
+                                        f"{cfg.num_microbatches} micro-batches per pipeline; use a divisor of "
+                                        f"{cfg.num_microbatches} (1: one schedule over the step)"))
     stages = cfg.pp * cfg.vpp
     if cfg.layers_per_stage is not None:
         if len(cfg.layers_per_stage) != stages or sum(cfg.layers_per_stage) != model.num_layers or \

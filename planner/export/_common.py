@@ -85,6 +85,15 @@ def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
                         fix=f"{fix}; `planner plan ... --emit {launcher}` searches only what {launcher} runs")
 
 
+def refuse_pipeline_flushes(launcher: str, cfg: RunConfig) -> None:
+    """Refuse gradient accumulation over separate runs of the pipeline schedule (``pipeline_flushes`` > 1,
+    torchtitan's way) for a launcher that runs every micro-batch of a step in one schedule."""
+    if cfg.pipeline_flushes > 1:
+        raise unsupported(launcher, f"{cfg.pipeline_flushes} pipeline flushes per step (gradient accumulation over "
+                                    f"separate runs of the schedule; {launcher} runs every micro-batch of a step in "
+                                    "one schedule)", "estimate with --pipeline-flushes 1, or export to torchtitan")
+
+
 def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_runs: bool = False) -> None:
     """Refuse what only Megatron Core runs (for the launchers that are not Megatron Core): CPU activation
     offloading, the batch-level overlap of the MoE all-to-alls (unless the caller runs it its own way:
@@ -98,6 +107,8 @@ def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_
     if cfg.ep_comm_overlap and not ep_comm_overlap_runs:
         raise unsupported(launcher, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
                                     "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
+    if launcher == "deepspeed":
+        refuse_pipeline_flushes(launcher, cfg)
     if cfg.ep_dispatcher != "alltoall" and cfg.ep > 1:
         raise unsupported(launcher, f"the {cfg.ep_dispatcher} token dispatcher (Megatron-Core's flex dispatcher; "
                                     f"the {launcher} config this exporter writes dispatches with all-to-all)",

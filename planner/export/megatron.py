@@ -20,8 +20,8 @@ import shlex
 from typing import Any
 
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
-from planner.export._common import (PlanView, first_last_split, read_plan, recompute_counts, summary_comment,
-                                    uniform_recompute_count, unsupported)
+from planner.export._common import (PlanView, first_last_split, read_plan, recompute_counts,
+                                    refuse_pipeline_flushes, summary_comment, uniform_recompute_count, unsupported)
 
 LAUNCHER = "megatron"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -57,6 +57,7 @@ def check_plan(view: PlanView) -> None:
         raise unsupported(LAUNCHER, "hybrid context parallelism with pipeline parallelism or Megatron-FSDP "
                                     "(validate_args refuses both)", "plan with --dynamic-cp, which keeps PP 1 and "
                                                                     "ZeRO 0-1")
+    refuse_pipeline_flushes(LAUNCHER, cfg)
     if cfg.zero_stage >= 2 and cfg.pp > 1:
         raise unsupported(LAUNCHER, f"ZeRO-{cfg.zero_stage} with pipeline parallelism (pp={cfg.pp}); Megatron "
                                     "FSDP does not combine with pipeline stages",

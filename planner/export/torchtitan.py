@@ -158,7 +158,9 @@ def sections(plan: Any, source: str = "<plan>") -> dict[str, dict[str, Any]]:
                                     "activation checkpointing)", "plan with --recompute none, or export to megatron")
     pipe_name = check_runs(cfg, LAUNCHER)
     training = {"global_batch_size": cfg.global_batch_size, "seq_len": cfg.seq_len}
-    training["local_batch_size"] = cfg.micro_batch_size * (cfg.num_microbatches if cfg.pp > 1 else 1)
+    # with PP the schedule runs one local batch per step() call; gradient accumulation repeats it (pipeline_flushes)
+    training["local_batch_size"] = cfg.micro_batch_size * (cfg.num_microbatches // cfg.pipeline_flushes
+                                                           if cfg.pp > 1 else 1)
     par: dict[str, Any] = data_parallel_degrees(cfg)
     par["tensor_parallel_degree"] = cfg.tp
     if cfg.tp_comm_overlap and cfg.tp > 1:

@@ -153,6 +153,11 @@ class RunConfig:
     #: "deepep" / "hybridep" (Megatron's flex dispatcher) send a token over the network once per remote node its
     #: experts sit on and forward it inside the node over NVLink (planner.cost.moe.node_dedup_all_to_all_s)
     ep_dispatcher: str = "alltoall"
+    #: gradient-accumulation passes per step, each its own run of the pipeline schedule over num_microbatches /
+    #: pipeline_flushes micro-batches, with its own fill and drain and, under FSDP / ZeRO-3, its own gather and
+    #: reduce-scatter (torchtitan and NeMo AutoModel: the schedule consumes one local batch per step() call and
+    #: gradient accumulation calls it again); 1 = one schedule over the global batch (Megatron-Core)
+    pipeline_flushes: int = 1
     #: expert tensor-parallel degree (Megatron --expert-tensor-parallel-size); None = TP (Megatron's default)
     etp: int | None = None
     #: HSDP: ZeRO shards model states over groups of ``dp_shard`` data-parallel ranks (x CP) and replicates them

@@ -196,6 +196,8 @@ def estimate_command(run: dict) -> str:
         parts.append("--layers-per-stage " + ",".join(map(str, cfg.layers_per_stage)))
     if cfg.offload_layers:
         parts.append(f"--offload-layers {cfg.offload_layers}")
+    if cfg.pipeline_flushes != 1:
+        parts.append(f"--pipeline-flushes {cfg.pipeline_flushes}")
     if not cfg.fused_cross_entropy:
         parts.append("--no-fused-cross-entropy")
     return " ".join(parts)
