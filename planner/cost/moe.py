@@ -38,7 +38,7 @@ import numpy as np
 from planner.cost import comm
 from planner.cost.compute import ACT_BYTES, Config, expert_tp_token_share, sp_degree
 from planner.cost.memory import dense_mlp_params
-from planner.specs.config import NODE_DEDUP_DISPATCHERS
+from planner.specs.config import NODE_DEDUP_DISPATCHERS, RunConfig
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -144,8 +144,6 @@ def undominated_dispatchers(model: ModelSpec, cluster: Cluster, ep_group: comm.G
     is no faster at one token and no faster per token than another never is. Measured here at T = 1 and 2 (the
     search's rows hold every T >= 1); equal ones keep the first. What the search holds where an EP group spans
     nodes (``planner.search.space``)."""
-    from planner.specs.config import RunConfig
-
     one = RunConfig(num_gpus=ep_group.size, ep=ep_group.size, global_batch_size=ep_group.size, seq_len=1)
     at = {d: np.array([float(ep_layer_cost(model, cluster, one.with_(seq_len=t, ep_dispatcher=d), ep_group,
                                            ep_group).all_to_all_s) for t in (1, 2)]) for d in dispatchers}

@@ -107,8 +107,6 @@ def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_
     if cfg.ep_comm_overlap and not ep_comm_overlap_runs:
         raise unsupported(launcher, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
                                     "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
-    if launcher == "deepspeed":
-        refuse_pipeline_flushes(launcher, cfg)
     if cfg.ep_dispatcher != "alltoall" and cfg.ep > 1:
         raise unsupported(launcher, f"the {cfg.ep_dispatcher} token dispatcher (Megatron-Core's flex dispatcher; "
                                     f"the {launcher} config this exporter writes dispatches with all-to-all)",

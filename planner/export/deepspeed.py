@@ -17,8 +17,8 @@ import json
 from typing import Any
 
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
-from planner.export._common import (read_plan, recompute_counts, refuse_megatron_core_only, uniform_recompute_count,
-                                    unsupported)
+from planner.export._common import (read_plan, recompute_counts, refuse_megatron_core_only, refuse_pipeline_flushes,
+                                    uniform_recompute_count, unsupported)
 
 LAUNCHER = "deepspeed"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -44,6 +44,7 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         raise unsupported(LAUNCHER, f"{cfg.cp_kind} context parallelism (DeepSpeed sequence parallelism is "
                                     "Ulysses all-to-all)", "plan with cp_kind ulysses or export to megatron")
     refuse_megatron_core_only(LAUNCHER, cfg)
+    refuse_pipeline_flushes(LAUNCHER, cfg)
     if cfg.tp_comm_overlap and cfg.tp > 1:
         raise unsupported(LAUNCHER, "TP communication overlap (Megatron-Core's --tp-comm-overlap; Megatron-DeepSpeed "
                                     "has no such option)", "plan for deepspeed (--emit deepspeed), or export to "

@@ -157,12 +157,17 @@ def _model_args(view: PlanView) -> list[str]:
     return args
 
 
-def dispatcher_args(dispatcher: str) -> list[str]:
-    """Megatron-LM's token-dispatcher arguments for a plan's ``ep_dispatcher``: the all-to-all dispatcher, or the flex
-    dispatcher with its backend (TransformerConfig moe_token_dispatcher_type / moe_flex_dispatcher_backend)."""
+def dispatcher_fields(dispatcher: str) -> dict[str, str]:
+    """Megatron-Core's TransformerConfig token-dispatcher fields for a plan's ``ep_dispatcher``: the all-to-all
+    dispatcher, or the flex dispatcher with its backend (moe_token_dispatcher_type / moe_flex_dispatcher_backend)."""
     if dispatcher == "alltoall":
-        return ["--moe-token-dispatcher-type", "alltoall"]
-    return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", dispatcher]
+        return {"moe_token_dispatcher_type": "alltoall"}
+    return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": dispatcher}
+
+
+def dispatcher_args(dispatcher: str) -> list[str]:
+    """Megatron-LM's arguments for :func:`dispatcher_fields`."""
+    return [x for k, v in dispatcher_fields(dispatcher).items() for x in ("--" + k.replace("_", "-"), v)]
 
 
 def layer_list_expression(bits: list[int]) -> str:

@@ -24,8 +24,8 @@ from planner.errors import PlannerError
 from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
                                     unsupported)
 from planner.export.megatron import (CP_COMM_TYPE, FSDP_SHARDING, attention_backend, check_plan,
-                                     current_scaling_needed, environment, fp8_param_gather, hybrid_pattern,
-                                     layout_string)
+                                     current_scaling_needed, dispatcher_fields, environment, fp8_param_gather,
+                                     hybrid_pattern, layout_string)
 
 LAUNCHER = "nemo"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -64,9 +64,8 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         out["model.expert_model_parallel_size"] = cfg.ep
         out["model.expert_tensor_parallel_size"] = cfg.expert_tp
         # the dispatcher and expert GEMMs the plan costs (Megatron-Core's defaults are allgather, one GEMM per expert)
-        out["model.moe_token_dispatcher_type"] = "alltoall" if cfg.ep_dispatcher == "alltoall" else "flex"
-        if cfg.ep_dispatcher != "alltoall":  # Megatron-Bridge's apply_flex_dispatcher_backend sets the same pair
-            out["model.moe_flex_dispatcher_backend"] = cfg.ep_dispatcher
+        # (Megatron-Bridge's apply_flex_dispatcher_backend sets the same pair for the flex dispatcher)
+        out.update({f"model.{k}": v for k, v in dispatcher_fields(cfg.ep_dispatcher).items()})
         out["model.moe_grouped_gemm"] = True
     if cfg.cp > 1:
         out["model.cp_comm_type"] = CP_COMM_TYPE[cfg.cp_kind]

@@ -276,12 +276,12 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     first = [EP_DISPATCHERS.index(listed[0])]
     kept_on: dict[tuple, list[int]] = {}  # per EP placement (size, GPUs per node), the dispatchers no other beats
 
-    def dispatchers(tp, cp, dp, pp, ep, etp):
+    def dispatchers(ep, etp):
         """The dispatcher codes of an EP group: where it spans nodes those of the space's no other beats at any
         token count (moe.undominated_dispatchers: exact, the rest of a row being the same), else the first alone."""
         if ep <= 1 or len(listed) == 1 or not model.is_moe:
             return first
-        g = comm.groups_for(cluster, tp, cp, dp, pp, ep, etp).ep
+        g = comm.place_group(ep, etp, cluster.gpus_per_node)  # the EP group as comm.groups_for places it
         if not g.spans_nodes:
             return first
         key = (int(g.size), int(g.members_per_node))
@@ -335,7 +335,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
                              if not ((ep > 1 or etp != tp) and tp > 1 and not sp)
                              for tpo in (tpo_opts if tp > 1 and sp else [0]) for opts in shared_opts
                              for epo in (epo_opts if ep > 1 else [0])
-                             for epd in dispatchers(tp, cp, dp, pp, ep, etp)]
+                             for epd in dispatchers(ep, etp)]
                     if not tails:
                         continue
                     tail_id = len(tail_sets)
