@@ -186,25 +186,36 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
              "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
              "leave_one_model_family_out": _pct(lomo_all) if lomo_all else "one model family only: no left-out check"}
     if f.stack != DEFAULT_STACK:  # another release's value: in its stack file, by profile
-        path = stacks_dir() / f"{f.stack}.json"
-        data = json.loads(path.read_text())
-        for name in f.profile.split("+"):
-            data.setdefault("expert_gemm_call_us", {}).setdefault(name, {})[f.precision] = entry
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        def put(data: dict) -> None:
+            for name in f.profile.split("+"):
+                data.setdefault("expert_gemm_call_us", {}).setdefault(name, {})[f.precision] = entry
+
+        _update_json(stacks_dir() / f"{f.stack}.json", put)
         return
     _store(f, carried_to, "expert_gemm_call_us", entry, "host software path (Megatron-Core, Transformer Engine)")
 
 
+def _update_json(path: Path, change) -> None:
+    """Apply ``change`` (a function that edits the parsed object in place) to the JSON file at ``path``, rewritten
+    with two-space indentation as the shipped data files are."""
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
 def _store(f: Fit, carried_to: tuple[str, ...], section: str, entry: dict, shared: str) -> None:
+    """Store ``entry`` under ``gpu.<section>.<precision>`` of the profiles fitted together, and a note naming the
+    fitted profile in those that carry the value (same die)."""
     fitted = tuple(f.profile.split("+"))
     for name in fitted + carried_to:
-        path = hardware_profiles_dir() / f"{name}.json"
-        data = json.loads(path.read_text())
         e = dict(entry) if name in fitted else {
             "value": f.value, "carried_from": f.profile,
             "why": f"same die and {shared} as {f.profile}; not fitted on this GPU's runs"}
-        data["gpu"].setdefault(section, {})[f.precision] = e
-        path.write_text(json.dumps(data, indent=2) + "\n")
+
+        def put(data: dict, e=e) -> None:
+            data["gpu"].setdefault(section, {})[f.precision] = e
+
+        _update_json(hardware_profiles_dir() / f"{name}.json", put)
 
 
 def main() -> None:
