@@ -12,17 +12,19 @@ numbers per kernel, on the forward speed with a causal mask at head dim 64 (the 
 check). Rows marked "check" are never fitted. Each kernel with rows is fitted and stored in the profile: the
 kernel its default stack runs as ``gpu.attention_kernel`` (:data:`TARGETS`: Megatron-Core's Transformer Engine
 runs cuDNN's fused attention on Hopper), the others as ``gpu.other_attention_kernels`` (a stack or
-``--attention-kernel`` selects them). The H100 tables are carried to the profiles of the same die (H200, H800);
-Blackwell has no published per-shape table this project could quote, so B200 and GB200 carry the default kernel's
-Hopper shape (row and mask costs, causal share, the head dimensions' ratio) at the level of their own
-``attention_efficiency`` at the reference shape (:data:`REFERENCE`), which is what those profiles stated before.
+``--attention-kernel`` selects them). The H100 tables are carried to the profiles of the same die (H200, H800).
+Blackwell's published cuDNN speeds are causal only at head dim 128 (cudnn-frontend's SDPA training benchmark on
+B200): :func:`fit_causal` fits B200's plateau and row cost per direction on them with the masked-tile cost, the
+causal rate share and the head dimensions' ratio of the Hopper table (:data:`BLACKWELL`); GB200, the same die at a
+higher clock, carries B200's table scaled by the two profiles' bf16 peaks, and its own newer cuDNN's speeds are
+checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +38,7 @@ RUNS_FILE = Path(__file__).with_name("attention_kernels.json")
 #: (hopper/tile_size.h: kBlockM = 128) and FlashAttention-2's on Ampere (Dao 2023, Sec. 3.3)
 TILE_TOKENS = 128
 #: row costs tried (tiles), the grid's step is the fit's resolution
-ROW_GRID = np.round(np.arange(0.0, 8.0001, 0.01), 2)
+ROW_GRID = np.round(np.arange(0.0, 16.0001, 0.01), 2)
 MASK_GRID = np.round(np.arange(0.0, 4.0001, 0.02), 2)
 CAUSAL_RATIO_GRID = np.round(np.arange(0.80, 1.0001, 0.005), 3)
 #: the kernel id (``planner.specs.hardware.ATTENTION_KERNELS``) of each kernel name the published rows use
@@ -49,10 +51,14 @@ REFERENCE = {"head_dim": 128, "keys": 4096}
 #: its shape at their own level). The kernel is the one the default stack runs there: Transformer Engine's
 #: FusedAttention (cuDNN), its choice on Hopper unless FlashAttention-3 is installed beside it
 #: (transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend)
-TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm"), ("b200-180gb", "gb200-nvl72")),)
+TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm"), ()),)
+#: Blackwell: (profile fitted on causal rows, its kernel, the profile whose fitted table lends the costs the causal
+#: rows cannot separate, profiles of the same die that carry the table scaled by their bf16 peak)
+BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72",)),)
 #: the ratio of a training step's attention to the benchmarked kernel per fitted profile: the profile's GEMM curve
-#: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886)
-END_TO_END = {"h100-80gb-sxm": 0.886}
+#: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886); B200 carries
+#: H100's, as no bf16 training row of B200 fits a GEMM curve of its own (its plateau is the published cuBLAS one)
+END_TO_END = {"h100-80gb-sxm": 0.886, "b200-180gb": 0.886}
 
 
 def load_rows(path: Path = RUNS_FILE) -> list[dict]:
@@ -130,6 +136,49 @@ def fit(profile: str, kernel_name: str, rows: list[dict] | None = None, causal_s
                    key=masked_error) \
         if causal else (0.0, 1.0)
     return KernelFit(profile, kernel(d, ratio), tuple(r["id"] for r in rows))
+
+
+def fit_causal(profile: str, kernel_name: str, shape: AttentionKernel, rows: list[dict] | None = None) -> KernelFit:
+    """Fit ``kernel_name``'s table on ``profile``'s causal fitting rows (one head dimension), the costs they cannot
+    separate from ``shape`` (a fitted table of another GPU): the masked-tile cost and the causal rate share, and for
+    ``shape``'s other head dimensions their plateau and row cost at ``shape``'s ratio to the fitted head dimension. Per
+    direction, the plateau in closed form and the row cost on :data:`ROW_GRID`, least squares of the relative error
+    (as :func:`fit` does on unmasked rows)."""
+    rows = [r for r in (rows if rows is not None else load_rows())
+            if r["profile"] == profile and r["kernel"] == kernel_name and r["use"] == "fit" and r["causal"]]
+    [hd] = sorted({r["head_dim"] for r in rows})
+    fitted = {}
+    for direction in ("forward", "backward"):
+        [row] = [r for r in rows if r["direction"] == direction]
+        y = np.asarray(row["tflops"], dtype=float)
+        best = None
+        for c in ROW_GRID:
+            g = shape.causal_plateau_ratio / attention_work_factor(_shape(row), TILE_TOKENS, c, shape.masked_tile_extra)
+            plateau = float(np.sum(g / y) / np.sum(g * g / (y * y)))
+            err = float(np.sum((plateau * g / y - 1.0) ** 2))
+            if best is None or err < best[0]:
+                best = (err, plateau * TFLOPS, float(c))
+        fitted[direction] = best[1:]
+
+    def plateaus(backward: bool) -> tuple[float, ...]:
+        # the fitted head dimension's plateau, the others' at the lending table's ratio to it
+        value = fitted["backward" if backward else "forward"][0]
+        return tuple(value * float(shape.plateau_flops(d, backward) / shape.plateau_flops(hd, backward))
+                     for d in shape.head_dims)
+
+    def rows_cost(backward: bool, lent: tuple[float, ...]) -> tuple[float, ...]:
+        # the fitted head dimension's row cost, the others' at the lending table's ratio to it
+        value = fitted["backward" if backward else "forward"][1]
+        at_hd = lent[shape.head_dims.index(hd)]
+        return tuple(round(value * c / at_hd, 2) for c in lent)
+
+    kernel = AttentionKernel(
+        name=KERNEL_IDS[kernel_name], tile_tokens=TILE_TOKENS, head_dims=shape.head_dims,
+        fwd_plateau_flops=plateaus(False), fwd_row_overhead_tiles=rows_cost(False, shape.fwd_row_overhead_tiles),
+        bwd_plateau_flops=plateaus(True), bwd_row_overhead_tiles=rows_cost(True, shape.bwd_row_overhead_tiles),
+        masked_tile_extra=shape.masked_tile_extra, end_to_end_ratio=1.0,
+        causal_plateau_ratio=shape.causal_plateau_ratio)
+    return KernelFit(profile, kernel, tuple(r["id"] for r in rows))
 
 
 def row_errors(kernel: AttentionKernel, row: dict) -> list[float]:
@@ -211,6 +260,70 @@ def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...], shape_
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def _scaled(kernel: AttentionKernel, scale: float) -> AttentionKernel:
+    return replace(kernel, fwd_plateau_flops=tuple(v * scale for v in kernel.fwd_plateau_flops),
+                   bwd_plateau_flops=tuple(v * scale for v in kernel.bwd_plateau_flops))
+
+
+def peak_scale(profile: str, carried_from: str) -> float:
+    """The bf16 peak of ``profile`` over that of ``carried_from`` (the same die at another clock)."""
+    return load_cluster(profile).gpu.peak_flops / load_cluster(carried_from).gpu.peak_flops
+
+
+def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> None:
+    """Store a :func:`fit_causal` table in its profile, and scaled by the bf16 peak in the same die's profiles,
+    with the rows it was fitted on, what it carries from ``lender`` and, per profile, its error on that profile's
+    check rows."""
+    rows = load_rows()
+    ratio = END_TO_END[f.profile]
+    fit_err = [e for r in rows if r["id"] in f.rows for e in row_errors(f.kernel, r)]
+    for name in (f.profile,) + scaled_to:
+        scale = 1.0 if name == f.profile else peak_scale(name, f.profile)
+        checks = [e for r in rows if r["profile"] == name and r["use"] == "check"
+                  and KERNEL_IDS[r["kernel"]] == f.kernel.name for e in row_errors(_scaled(f.kernel, scale), r)]
+        provenance = {
+            "fitted_on": list(f.rows),
+            "method": "planner/validation/attention_fit.py fit_causal: per direction, plateau and row cost least-squares "
+                      "on the causal rows of head dim 128; the masked-tile cost, the causal rate share and the other "
+                      f"head dimensions' ratios of plateau and row cost to head dim 128 carried from {lender}'s fitted "
+                      "table",
+            "fit_error": _pct(fit_err),
+            "independent_check_error": _pct(checks) if checks else "none",
+            "end_to_end_ratio_source": f"carried from {lender}: no bf16 training row of this GPU fits a GEMM curve"}
+        if name != f.profile:
+            provenance["carried_from"] = f.profile
+            provenance["note"] = f"same die at a higher clock: plateaus scaled by the bf16 peaks ({scale:.4f})"
+        path = hardware_profiles_dir() / f"{name}.json"
+        data = json.loads(path.read_text())
+        data["gpu"]["attention_kernel"] = _section(f.kernel, scale, ratio, provenance)
+        data["gpu"].pop("other_attention_kernels", None)
+        # the single efficiency (profiles without a table use it) is the table's at the reference shape
+        level = reference_efficiency(f.kernel, load_cluster(f.profile).gpu.peak_flops) * ratio
+        data["gpu"]["attention_efficiency"] = round(level, 3)
+        data["gpu"]["attention_source"] = (
+            "the fitted attention_kernel table's useful-FLOP efficiency at a causal head-dim-128 layer of 4,096 tokens, "
+            "forward + backward, times its end-to-end ratio (planner/validation/attention_fit.py)")
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _print_table(k: AttentionKernel) -> None:
+    for i, hd in enumerate(k.head_dims):
+        print(f"  head dim {hd:g}: forward {k.fwd_plateau_flops[i] / TFLOPS:.1f} TFLOP/s, row "
+              f"{k.fwd_row_overhead_tiles[i]:.2f} tiles; backward {k.bwd_plateau_flops[i] / TFLOPS:.1f}, row "
+              f"{k.bwd_row_overhead_tiles[i]:.2f}")
+
+
+def _print_rows(k: AttentionKernel, rows: list[dict]) -> None:
+    for r in rows:
+        errs = row_errors(k, r)
+        print(f"  {r['id']:32} {r['use']:5} " + " ".join(f"{100 * e:+5.1f}%" for e in errs) + f"   ({_pct(errs)})")
+
+
+def _print_reference(k: AttentionKernel, profile: str) -> None:
+    print(f"  reference efficiency (x end-to-end {END_TO_END[profile]}): "
+          f"{reference_efficiency(k, load_cluster(profile).gpu.peak_flops) * END_TO_END[profile]:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write", action="store_true", help="store the fitted tables in the profiles")
@@ -225,18 +338,22 @@ def main() -> None:
             print(f"{profile}: {k.name}{' (the default table)' if name == stored else ''}, tile "
                   f"{k.tile_tokens:g}, masked-tile extra {k.masked_tile_extra:.2f}, causal rate share "
                   f"{k.causal_plateau_ratio:.3f}")
-            for i, hd in enumerate(k.head_dims):
-                print(f"  head dim {hd:g}: forward {k.fwd_plateau_flops[i] / TFLOPS:.1f} TFLOP/s, row "
-                      f"{k.fwd_row_overhead_tiles[i]:.2f} tiles; backward {k.bwd_plateau_flops[i] / TFLOPS:.1f}, row "
-                      f"{k.bwd_row_overhead_tiles[i]:.2f}")
-            for r in (r for r in rows if r["profile"] == profile and r["kernel"] == name):
-                errs = row_errors(k, r)
-                print(f"  {r['id']:28} {r['use']:5} " + " ".join(f"{100 * e:+5.1f}%" for e in errs) +
-                      f"   ({_pct(errs)})")
-            print(f"  reference efficiency (x end-to-end {END_TO_END[profile]}): "
-                  f"{reference_efficiency(k, load_cluster(profile).gpu.peak_flops) * END_TO_END[profile]:.3f}")
+            _print_table(k)
+            _print_rows(k, [r for r in rows if r["profile"] == profile and r["kernel"] == name])
+            _print_reference(k, profile)
         if args.write:
             write(fits, KERNEL_IDS[stored], same_die, shape_only)
+    for profile, name, lender, scaled_to in BLACKWELL:
+        f = fit_causal(profile, name, fit(lender, name, rows).kernel, rows)
+        k = f.kernel
+        print(f"{profile}: {k.name} fitted on its causal rows, costs carried from {lender}")
+        _print_table(k)
+        for other in (profile,) + scaled_to:
+            _print_rows(k if other == profile else _scaled(k, peak_scale(other, profile)),
+                        [r for r in rows if r["profile"] == other and r["kernel"] == name])
+        _print_reference(k, profile)
+        if args.write:
+            write_blackwell(f, lender, scaled_to)
 
 
 if __name__ == "__main__":
