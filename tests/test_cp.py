@@ -101,16 +101,19 @@ def test_ring_min_block_liu_et_al_table():
 @given(seq_exp=st.integers(min_value=13, max_value=20), cp_exp=st.integers(min_value=1, max_value=6),
        tp_exp=st.integers(min_value=0, max_value=3))
 @settings(max_examples=40, deadline=None)
-def test_ring_exposed_time_is_zero_exactly_when_the_overlap_condition_holds(cluster, seq_exp, cp_exp, tp_exp):
+def test_ring_exposes_only_its_interference_exactly_when_the_overlap_condition_holds(cluster, seq_exp, cp_exp, tp_exp):
     cp, tp, s = 2**cp_exp, 2**tp_exp, 2**seq_exp
     cfg = RunConfig(num_gpus=cp * tp, tp=tp, cp=cp, seq_len=s, global_batch_size=1)
     groups = comm.groups_for(cluster, tp, cp, 1, 1)
     attn_s, attn_ratio = attention_core_s(layer_ops(L8B, cfg), cluster.gpu, cfg)
     c = cp_layer_cost(L8B, cluster, cfg, groups.cp, attn_s, attn_ratio)
     assert c.step_comm_s == pytest.approx(comm.p2p_s(cluster, groups.cp.spans_nodes, ring_kv_block_bytes(L8B, cfg)))
-    assert c.overlapped == (c.fwd_exposed_s == 0.0)
+    intf = cluster.gpu.comm_overlap_interference
+    # a hidden transfer leaves only its interference (the SMs NCCL's kernels hold), as every overlapped collective
+    hidden = (cp - 1) * intf * c.step_comm_s
+    assert c.overlapped == (c.fwd_exposed_s == pytest.approx(hidden))
     if not c.overlapped:
-        assert c.fwd_exposed_s == pytest.approx((cp - 1) * (c.step_comm_s - c.step_compute_s))
+        assert c.fwd_exposed_s == pytest.approx((cp - 1) * (c.step_comm_s - (1.0 - intf) * c.step_compute_s))
 
 
 def test_ring_overlap_flips_at_the_analytic_block_size():
@@ -253,7 +256,8 @@ def test_llama3_405b_cp16_published_config():
     assert (cfg.tp, cfg.cp, cfg.pp, cfg.dp, cfg.seq_len) == (8, 16, 16, 8, 131072)
     est = estimate(L405B, H100, cfg)
     assert est.fits
-    assert est.breakdown["cp_comm_s"] == 0.0
+    # the transfer hides; what stays is its interference with the attention it hides under, a sliver of the step
+    assert 0.0 < est.breakdown["cp_comm_s"] < 0.01 * est.step_time_s
     half = model_flops_per_step(L405B, 128, 131072, causal_half=True) / model_flops_per_step(L405B, 128, 131072)
     assert est.mfu * half == pytest.approx(0.38, rel=0.25)
 

@@ -8,7 +8,8 @@ Two kinds, chosen by ``RunConfig.cp_kind``:
   rank i keeps chunks i and 2 cp - 1 - i, so that each rank holds the same share of a causal mask (the
   load-balanced split of Megatron-Core's CP; :func:`balanced_causal_work` checks it). In each of cp steps a rank
   computes its queries against one key/value block while sending that block on to the next rank and receiving the
-  next one; cp - 1 transfers in forward. The transfer is hidden when one block's compute takes at least as long
+  next one; cp - 1 transfers in forward. The transfer is hidden (but for the SMs its kernels hold: the profile's
+  ``comm_overlap_interference``, as for every overlapped collective) when one block's compute takes at least as long
   as one block's transfer (Liu et al. Sec. 3: with c tokens per block and hidden size d, 4 d c^2 FLOPs against
   4 c d bytes of bf16 K and V, i.e. c >= F / B; :func:`ring_min_tokens_per_rank`).
   Backward sends the K/V block and its gradient dK/dV (both bf16 here): twice the bytes against the attention
@@ -36,6 +37,7 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.compute import ACT_BYTES, Config
+from planner.cost.data_parallel import exposed_s
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -174,7 +176,9 @@ def cp_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, cp_group: com
 
     Ring: cp - 1 steps, each exposing max(0, transfer - block compute) in forward and
     max(0, 2 x transfer - bwd_ratio x block compute) in backward (the first step's local block needs no
-    transfer). Ulysses: two all-to-alls (Q/K/V, output) in forward and two in backward, not overlapped.
+    transfer), plus the hidden part's interference: a transfer under a block's attention still takes the compute
+    stream ``gpu.comm_overlap_interference`` of its duration, as every overlapped collective does
+    (:func:`planner.cost.data_parallel.exposed_s`; NCCL's send/receive kernels hold SMs while they run). Ulysses: two all-to-alls (Q/K/V, output) in forward and two in backward, not overlapped.
     Without CP (cp = 1) every field is 0.
     """
     cp = np.asarray(cfg.cp)
@@ -189,9 +193,10 @@ def cp_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, cp_group: com
     step_comm = comm.p2p_s(cluster, cp_group.spans_nodes, block)
     step_compute = attn_fwd_s / cp
     steps = cp - 1
-    ring_fwd = steps * np.maximum(0.0, step_comm - step_compute)
-    ring_bwd = steps * np.maximum(0.0, comm.p2p_s(cluster, cp_group.spans_nodes, RING_BWD_BYTES_RATIO * block)
-                                  - attn_bwd_ratio * step_compute)
+    intf = cluster.gpu.comm_overlap_interference
+    ring_fwd = steps * exposed_s(step_comm, step_compute, intf)
+    ring_bwd = steps * exposed_s(comm.p2p_s(cluster, cp_group.spans_nodes, RING_BWD_BYTES_RATIO * block),
+                                 attn_bwd_ratio * step_compute, intf)
     ring_fwd_b, ring_bwd_b = ring_comm_bytes_per_layer(model, cfg)
 
     def pick(uly, ring):
