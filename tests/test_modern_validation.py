@@ -14,6 +14,7 @@ from planner.validation.compare import GROUPS, load_modern_runs, validate_modern
 
 RUNS = load_modern_runs()
 ROWS = {r.id: r for r in validate_modern()}
+RUN_BY_ID = {r["id"]: r for r in RUNS}
 
 
 def test_every_row_names_its_source_quote_and_assumptions():
@@ -59,7 +60,8 @@ def test_modern_accuracy_does_not_regress():
     far from it)."""
     scored = [r for r in ROWS.values() if r.estimated is not None]
     assert len(scored) == len(RUNS) >= 30
-    dense = [abs(r.error) for r in scored if "MoE" not in r.groups]
+    # the dense rows of the releases the kernel tables describe (NeMo 24.03's held-out rows: their own test)
+    dense = [abs(r.error) for r in scored if "MoE" not in r.groups and not RUN_BY_ID[r.id].get("held_out")]
     assert sum(dense) / len(dense) < 0.08 and max(dense) < 0.30
     dense_bf16 = [abs(r.error) for r in scored if "dense bf16" in r.groups]
     assert max(dense_bf16) < 0.30
@@ -92,7 +94,8 @@ def test_fp8_group_after_the_fit():
     checks) within 7%; with ring CP, the H100 rows' own residual (+7% to +17%, 2026-12-05), which no fitted number
     absorbs, and NeMo 25.04's B200 long-context rows (+9% at 32K to +17% at 1M tokens, attention from the table
     fitted on cuDNN 9.10's published speeds), below 20%."""
-    dense = [r for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups and "MoE" not in r.groups]
+    dense = [r for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups and "MoE" not in r.groups
+             and not RUN_BY_ID[r.id].get("held_out")]
     plain = [abs(r.error) for r in dense if "context parallel" not in r.groups]
     ring = [abs(r.error) for r in dense if "context parallel" in r.groups]
     assert sum(plain) / len(plain) < 0.04 and max(plain) < 0.07
@@ -108,10 +111,11 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     stored = json.loads(BANDS_FILE.read_text())
     assert stored["bands"] == compute_bands()["bands"]
     exact = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False)
-    assert exact.exact and exact.rows == 4 and exact.label == "H100 / H800, fp8, dense"
-    # the H100 fp8 dense rows with ring CP (4, 9-19% optimistic) have their own, wider band
+    assert exact.exact and exact.rows == 7 and exact.label == "H100 / H800, fp8, dense"
+    # the H100 fp8 dense rows with ring CP (4 of current releases, 7-17% optimistic, and NeMo 24.03's six, 29-39%)
+    # have their own, wider band
     with_cp = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False, cp=True)
-    assert with_cp.exact and with_cp.rows == 4 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
+    assert with_cp.exact and with_cp.rows == 10 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
     # one bf16 CP row on H100 (NeMo AutoModel's Llama 3.1 70B, FSDP2 with CP 2) is its cell; none with MoE and
     # CP: the family and precision's pooled band
     assert band_for("NVIDIA H100 80GB SXM5", "bf16", moe=False, cp=True).rows == 1
@@ -205,3 +209,18 @@ def test_fine_grained_moe_rows_after_the_expert_issue_fit():
     for run_id in ("MB2511-B200-Qwen3-30B-mxfp8", "MB2511-GB200-Qwen3-30B-mxfp8", "MB2511-B200-Qwen3-235B-mxfp8",
                    "MB2511-B200-DeepSeekV3-mxfp8", "MB2511-H100-Qwen3-30B-fp8"):
         assert abs(ROWS[run_id].error) < 0.15, run_id
+
+
+def test_nemo_24_03_long_sequence_rows_on_h100():
+    """NeMo's long-sequence page, Llama 2 7B in fp8 on H100 (NeMo 24.03.01, 4K to 1M tokens, CP up to 32),
+    converted with NeMo's FLOP count of the commit that published it: held out of every fit. The model is
+    optimistic on all nine, from +8% at 4K (no CP) to +39% at 1M, the gap growing with the attention's share of the
+    step: what the container's cuDNN 9.0 fused attention (Transformer Engine 1.x picks it on sm90) ran slower than
+    the mid-2024 cuDNN the H100 table is fitted on, which the planner cannot express per release. Pinned so that a
+    change that moves them shows (2026-12-05)."""
+    rows = {k: r for k, r in ROWS.items() if k.startswith("NeMo2403-H100-Llama2-7B-")}
+    assert len(rows) == 9 and all(RUN_BY_ID[k]["held_out"] for k in rows)
+    assert 0.05 < rows["NeMo2403-H100-Llama2-7B-4K"].error < 0.11
+    assert 0.35 < rows["NeMo2403-H100-Llama2-7B-1M"].error < 0.43
+    short, long_ = rows["NeMo2403-H100-Llama2-7B-16K"].error, rows["NeMo2403-H100-Llama2-7B-256K"].error
+    assert short < long_
