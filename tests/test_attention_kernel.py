@@ -311,3 +311,19 @@ def test_cli_attention_kernel_flag():
     r = runner.invoke(app, base[:-1] + ["--cluster", "b200-180gb", "--stack", "deepspeed"])
     assert "flash-attention-2 asked, but the profile has no table for it: cudnn's priced" in \
         " ".join(r.stdout.split())
+
+
+def test_h100_table_against_cudnn_9_19_on_h200():
+    """cudnn-frontend's cuDNN 9.19.1 speeds on H200 (the same GH100 die; February 2026) check H100's table, fitted on
+    the FlashAttention-3 paper's mid-2024 cuDNN bars, never fitted: within 16% at every point and 10% on average, the
+    newer kernel faster at head dim 128 (by 6-16% past 2K tokens: the kernel's progress), DeepSeek-V3's MLA shape
+    backward within 5% (2026-12-05). The H200 profile names that error beside the table it carries."""
+    k = attention_fit.fit("h100-80gb-sxm", "cuDNN").kernel
+    checks = [r for r in _rows() if r["profile"] == "h200-141gb-sxm"]
+    assert len(checks) == 6 and all(r["use"] == "check" for r in checks)
+    errors = np.concatenate([attention_fit.row_errors(k, r) for r in checks])
+    assert np.abs(errors).max() < 0.16 and np.abs(errors).mean() < 0.10
+    hd128 = np.concatenate([attention_fit.row_errors(k, r)[1:] for r in checks if r["head_dim"] == 128])
+    assert hd128.max() < -0.05
+    stored = json.loads((hardware_profiles_dir() / "h200-141gb-sxm.json").read_text())["gpu"]["attention_kernel"]
+    assert stored["independent_check_error"] == attention_fit._pct(errors)

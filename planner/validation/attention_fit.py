@@ -43,15 +43,15 @@ MASK_GRID = np.round(np.arange(0.0, 4.0001, 0.02), 2)
 CAUSAL_RATIO_GRID = np.round(np.arange(0.80, 1.0001, 0.005), 3)
 #: the kernel id (``planner.specs.hardware.ATTENTION_KERNELS``) of each kernel name the published rows use
 KERNEL_IDS = {"cuDNN": "cudnn", "FlashAttention-2": "flash-attention-2", "FlashAttention-3": "flash-attention-3"}
-#: the shape at which a carried table takes its level from the profile's ``attention_efficiency``: a causal,
-#: head-dim-128 layer of 4,096 tokens, forward + backward (the shape of most published runs the profiles' single
-#: efficiency described)
+#: the shape at which a table's level is stated as one efficiency (the profile's ``attention_efficiency``): a
+#: causal, head-dim-128 layer of 4,096 tokens, forward + backward (the shape of most published runs the profiles'
+#: single efficiency described)
 REFERENCE = {"head_dim": 128, "keys": 4096}
-#: (profile, the kernel its table is fitted for, profiles of the same die that carry the table, profiles that carry
-#: its shape at their own level). The kernel is the one the default stack runs there: Transformer Engine's
+#: (profile, the kernel its table is fitted for, profiles of the same die that carry the table). The kernel is the
+#: one the default stack runs there: Transformer Engine's
 #: FusedAttention (cuDNN), its choice on Hopper unless FlashAttention-3 is installed beside it
 #: (transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend)
-TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm"), ()),)
+TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm")),)
 #: Blackwell: (profile fitted on causal rows, its kernel, the profile whose fitted table lends the costs the causal
 #: rows cannot separate, profiles of the same die that carry the table scaled by their bf16 peak)
 BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72",)),)
@@ -224,39 +224,33 @@ def _provenance(f: KernelFit, rows: list[dict]) -> dict:
             "independent_check_error": _pct(checks) if checks else "none"}
 
 
-def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...], shape_only: tuple[str, ...]) -> None:
+def _check_error(kernel: AttentionKernel, rows: list[dict], profile: str) -> str:
+    """The kernel's error on ``profile``'s check rows of its kind ("none" without any)."""
+    errs = [e for r in rows if r["profile"] == profile and r["use"] == "check"
+            and KERNEL_IDS[r["kernel"]] == kernel.name for e in row_errors(kernel, r)]
+    return _pct(errs) if errs else "none"
+
+
+def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...]) -> None:
     """Store ``fits`` (one profile's kernels) in it and the profiles of the same die: the ``default`` kernel's
-    table as ``gpu.attention_kernel``, the others as ``gpu.other_attention_kernels``; ``shape_only`` profiles get
-    the default kernel's shape at their own level."""
+    table as ``gpu.attention_kernel``, the others as ``gpu.other_attention_kernels``; a same-die profile's entry
+    names where it comes from and its error on that profile's own check rows."""
     rows = load_rows()
     [main] = [f for f in fits if f.kernel.name == default]
     others = [f for f in fits if f is not main]
     profile = main.profile
-    base = load_cluster(profile).gpu
     ratio = END_TO_END[profile]
-    for name in (profile,) + same_die + shape_only:
+    for name in (profile,) + same_die:
         path = hardware_profiles_dir() / f"{name}.json"
         data = json.loads(path.read_text())
         gpu = data["gpu"]
-        if name in shape_only:
-            # the Hopper shape at this profile's own level: plateaus scaled so the reference shape's efficiency is
-            # the profile's attention_efficiency
-            target = float(gpu["attention_efficiency"])
-            scale = target / (reference_efficiency(main.kernel, base.peak_flops) * ratio) * \
-                (float(gpu["peak_bf16_tflops"]) / (base.peak_flops / TFLOPS))
-            provenance = {"level": f"shape (row and mask costs, causal share, head dims' ratio) carried from "
-                                   f"{profile}'s fitted table; plateaus scaled so a causal head-dim-128 layer of "
-                                   f"4,096 tokens, forward + backward, runs at this profile's attention_efficiency "
-                                   f"({target}): no per-shape table published for this GPU was found",
-                          "carried_from": profile}
-            gpu["attention_kernel"] = _section(main.kernel, scale, ratio, provenance)
-            gpu.pop("other_attention_kernels", None)
-        else:
-            def prov(f: KernelFit) -> dict:
-                return _provenance(f, rows) if name == profile else \
-                    {"carried_from": profile, "note": "same GH100 die and clocks: not refitted"}
-            gpu["attention_kernel"] = _section(main.kernel, 1.0, ratio, prov(main))
-            gpu["other_attention_kernels"] = [_section(f.kernel, 1.0, ratio, prov(f)) for f in others]
+
+        def prov(f: KernelFit) -> dict:
+            return _provenance(f, rows) if name == profile else \
+                {"carried_from": profile, "note": "same GH100 die and clocks: not refitted",
+                 "independent_check_error": _check_error(f.kernel, rows, name)}
+        gpu["attention_kernel"] = _section(main.kernel, 1.0, ratio, prov(main))
+        gpu["other_attention_kernels"] = [_section(f.kernel, 1.0, ratio, prov(f)) for f in others]
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -329,7 +323,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="store the fitted tables in the profiles")
     args = ap.parse_args()
     rows = load_rows()
-    for profile, stored, same_die, shape_only in TARGETS:
+    for profile, stored, same_die in TARGETS:
         fits = []
         for name in kernels(profile, rows):
             f = fit(profile, name, rows)
@@ -342,7 +336,7 @@ def main() -> None:
             _print_rows(k, [r for r in rows if r["profile"] == profile and r["kernel"] == name])
             _print_reference(k, profile)
         if args.write:
-            write(fits, KERNEL_IDS[stored], same_die, shape_only)
+            write(fits, KERNEL_IDS[stored], same_die)
     for profile, name, lender, scaled_to in BLACKWELL:
         f = fit_causal(profile, name, fit(lender, name, rows).kernel, rows)
         k = f.kernel
