@@ -119,6 +119,9 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     # one bf16 CP row on H100 (NeMo AutoModel's Llama 3.1 70B, FSDP2 with CP 2) is its cell; none with MoE and
     # CP: the family and precision's pooled band
     assert band_for("NVIDIA H100 80GB SXM5", "bf16", moe=False, cp=True).rows == 1
+    # every published CP run is ring attention: an estimate with Ulysses CP gets the nearest band, marked not its kind
+    ulysses = band_for("NVIDIA B200", "fp8", moe=False, cp=True, cp_kind="ulysses")
+    assert not ulysses.exact and ulysses.label == "B200, fp8"
     assert not band_for("NVIDIA H100 80GB SXM5", "bf16", moe=True, cp=True).exact
     assert band_for("NVIDIA A100 80GB SXM4", "bf16", moe=False).mean_abs_error < 0.04
     coarse = band_for("NVIDIA H800", "bf16", moe=True)

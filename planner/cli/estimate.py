@@ -200,7 +200,7 @@ def estimate(
         if packing:
             from planner.cost.variable_length import packed_config
             cfg = packed_config(cfg, dist)
-    accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1).to_dict()
+    accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1, cfg.cp_kind).to_dict()
     for warning in request_warnings(spec, cfg):
         err(f"warning: {warning}")
     if json_out:

@@ -5,8 +5,9 @@
 
 A band is the mean absolute error of one cell of the validation residuals: GPU family (A100: the papers' set;
 H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit), dense or MoE, and with or without context
-parallelism (the H100 rows with ring CP are 11-15% optimistic where those without are within 4%: a plan with CP
-should not borrow the others' band). An estimate takes the band of its cell, or of the nearest coarser cell that
+parallelism (the H100 rows with ring CP are 7-17% optimistic where those without are within 4%: a plan with CP
+should not borrow the others' band), Ulysses CP a kind of its own (no published run has it: such a plan gets the
+nearest coarser band, marked as not its kind). An estimate takes the band of its cell, or of the nearest coarser cell that
 has rows (GPU family and precision, then precision and kind, then every modern row), and says which it took. The bands are data computed from the sets (a test recomputes them), so
 they move when the model or the sets do.
 """
@@ -47,9 +48,10 @@ def precision_class(precision: str) -> str:
     return "fp8" if precision in ("fp8", "mxfp8") else "16-bit"
 
 
-def kind_label(moe: bool, cp: bool) -> str:
-    """A band cell's kind: dense or MoE, with context parallelism or not."""
-    return ("MoE" if moe else "dense") + (" with CP" if cp else "")
+def kind_label(moe: bool, cp: bool, cp_kind: str = "ring") -> str:
+    """A band cell's kind: dense or MoE, with context parallelism or not; Ulysses CP (all-to-alls of heads, no ring)
+    is a kind of its own, so an estimate of it never borrows the ring rows' band as "runs like this one"."""
+    return ("MoE" if moe else "dense") + ((" with Ulysses CP" if cp_kind == "ulysses" else " with CP") if cp else "")
 
 
 def compute_bands() -> dict:
@@ -67,7 +69,7 @@ def compute_bands() -> dict:
             continue
         run = runs[row.id]
         moe = "MoE" if "MoE" in row.groups else "dense"  # compare.row_groups: the model has routed experts
-        kind = kind_label(moe == "MoE", "context parallel" in row.groups)
+        kind = kind_label(moe == "MoE", "context parallel" in row.groups, run["layout"].get("cp_kind", "ring"))
         key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), kind)
         cells.setdefault(key, []).append((row.id, row.error))
     return {"bands": [{"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v],
@@ -79,11 +81,11 @@ def _load() -> list[dict]:
     return json.loads(BANDS_FILE.read_text())["bands"]
 
 
-def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False) -> Band:
+def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False, cp_kind: str = "ring") -> Band:
     """The band of an estimate of a run on this GPU at this precision, dense or MoE, with context parallelism (CP
-    > 1) or not."""
+    > 1, of ``cp_kind``: ring or ulysses) or not."""
     bands = _load()
-    family, prec, kind = gpu_family(gpu_name), precision_class(precision), kind_label(moe, cp)
+    family, prec, kind = gpu_family(gpu_name), precision_class(precision), kind_label(moe, cp, cp_kind)
 
     def pooled(cells: list[dict], label: str, exact: bool) -> Band | None:
         if not cells:
