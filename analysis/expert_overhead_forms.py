@@ -28,9 +28,7 @@ import numpy as np
 import planner.cost.compute as compute
 import planner.cost.step as step
 import planner.validation.fit as fit
-from planner.specs.hardware import load_cluster
-from planner.specs.stack import load_stack
-from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_stack
+from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_cluster, row_stack
 
 #: copies per unit of the fitted value: a value of x "microseconds per call" means x ns per routed copy
 COPIES_PER_UNIT = 1000.0
@@ -94,7 +92,7 @@ def whole_set() -> None:
     for rid, r in rows.items():
         hopper = r["cluster"] in HOPPER and row_stack(r) in HOPPER_NS_PER_COPY
         use_per_copy(hopper)
-        cluster = load_stack(row_stack(r)).on_cluster(load_cluster(r["cluster"]))
+        cluster = row_cluster(r)
         if hopper:
             cluster = fit._with(cluster, fit.CALL, "fp8", HOPPER_NS_PER_COPY[row_stack(r)])
         errs[rid] = evaluate_modern_run(r, cluster=cluster).error

@@ -178,7 +178,8 @@ def cp_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, cp_group: com
     max(0, 2 x transfer - bwd_ratio x block compute) in backward (the first step's local block needs no
     transfer), plus the hidden part's interference: a transfer under a block's attention still takes the compute
     stream ``gpu.comm_overlap_interference`` of its duration, as every overlapped collective does
-    (:func:`planner.cost.data_parallel.exposed_s`; NCCL's send/receive kernels hold SMs while they run). Ulysses: two all-to-alls (Q/K/V, output) in forward and two in backward, not overlapped.
+    (:func:`planner.cost.data_parallel.exposed_s`; NCCL's send/receive kernels hold SMs while they run).
+    Ulysses: two all-to-alls (Q/K/V, output) in forward and two in backward, not overlapped.
     Without CP (cp = 1) every field is 0.
     """
     cp = np.asarray(cfg.cp)

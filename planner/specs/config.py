@@ -51,11 +51,6 @@ def recompute_module_on(modules, name: str):
     return np.char.find(padded, f",{name},") >= 0
 
 
-#: the module inputs Megatron-Core's fine-grained activation offloading can send to host memory
-#: (TransformerConfig.offload_modules, docs/user-guide/features/fine_grained_activation_offloading.md), in forward
-#: order: the layer input (attention norm's input), the QKV projection's input, Q / K / V (the attention core's
-#: input), the attention output (the out-projection's input), the MLP norm's input, the routed experts' fc1 input
-#: and their activation's input (MoE only)
 #: MoE token dispatchers (RunConfig.ep_dispatcher): Megatron-Core's all-to-all dispatcher, which sends every token
 #: copy to its expert's rank, and the flex dispatcher's two backends, DeepEP and HybridEP, whose kernels send a
 #: token once to each remote node holding one of its experts and forward it to those experts' GPUs over NVLink
@@ -64,6 +59,11 @@ def recompute_module_on(modules, name: str):
 EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 #: the dispatchers that send a token across the network once per remote node (planner.cost.moe)
 NODE_DEDUP_DISPATCHERS = ("deepep", "hybridep")
+#: the module inputs Megatron-Core's fine-grained activation offloading can send to host memory
+#: (TransformerConfig.offload_modules, docs/user-guide/features/fine_grained_activation_offloading.md), in forward
+#: order: the layer input (attention norm's input), the QKV projection's input, Q / K / V (the attention core's
+#: input), the attention output (the out-projection's input), the MLP norm's input, the routed experts' fc1 input
+#: and their activation's input (MoE only)
 OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 
 

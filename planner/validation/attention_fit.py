@@ -214,21 +214,19 @@ def _pct(errors) -> str:
     return f"mean {100 * a.mean():.1f}%, max {100 * a.max():.1f}%"
 
 
-def _provenance(f: KernelFit, rows: list[dict]) -> dict:
-    fitted = [e for r in rows if r["id"] in f.rows for e in row_errors(f.kernel, r)]
-    checks = [e for r in rows if r["profile"] == f.profile and KERNEL_IDS[r["kernel"]] == f.kernel.name
-              and r["use"] == "check" for e in row_errors(f.kernel, r)]
-    method = ("planner/validation/attention_fit.py: per direction and head dimension, plateau and row cost "
-              "least-squares on the unmasked rows; the masked-tile cost and the causal rate share on the causal rows")
-    return {"fitted_on": list(f.rows), "method": method, "fit_error": _pct(fitted),
-            "independent_check_error": _pct(checks) if checks else "none"}
-
-
 def _check_error(kernel: AttentionKernel, rows: list[dict], profile: str) -> str:
     """The kernel's error on ``profile``'s check rows of its kind ("none" without any)."""
     errs = [e for r in rows if r["profile"] == profile and r["use"] == "check"
             and KERNEL_IDS[r["kernel"]] == kernel.name for e in row_errors(kernel, r)]
     return _pct(errs) if errs else "none"
+
+
+def _provenance(f: KernelFit, rows: list[dict]) -> dict:
+    fitted = [e for r in rows if r["id"] in f.rows for e in row_errors(f.kernel, r)]
+    method = ("planner/validation/attention_fit.py: per direction and head dimension, plateau and row cost "
+              "least-squares on the unmasked rows; the masked-tile cost and the causal rate share on the causal rows")
+    return {"fitted_on": list(f.rows), "method": method, "fit_error": _pct(fitted),
+            "independent_check_error": _check_error(f.kernel, rows, f.profile)}
 
 
 def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...]) -> None:
@@ -273,8 +271,6 @@ def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> No
     fit_err = [e for r in rows if r["id"] in f.rows for e in row_errors(f.kernel, r)]
     for name in (f.profile,) + scaled_to:
         scale = 1.0 if name == f.profile else peak_scale(name, f.profile)
-        checks = [e for r in rows if r["profile"] == name and r["use"] == "check"
-                  and KERNEL_IDS[r["kernel"]] == f.kernel.name for e in row_errors(_scaled(f.kernel, scale), r)]
         provenance = {
             "fitted_on": list(f.rows),
             "method": "planner/validation/attention_fit.py fit_causal: per direction, plateau and row cost least-squares "
@@ -282,7 +278,7 @@ def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> No
                       f"head dimensions' ratios of plateau and row cost to head dim 128 carried from {lender}'s fitted "
                       "table",
             "fit_error": _pct(fit_err),
-            "independent_check_error": _pct(checks) if checks else "none",
+            "independent_check_error": _check_error(_scaled(f.kernel, scale), rows, name),
             "end_to_end_ratio_source": f"carried from {lender}: no bf16 training row of this GPU fits a GEMM curve"}
         if name != f.profile:
             provenance["carried_from"] = f.profile

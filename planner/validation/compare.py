@@ -156,6 +156,12 @@ def row_stack(run: dict) -> str:
     return run.get("stack", DEFAULT_STACK)
 
 
+def row_cluster(run: dict):
+    """The cluster a row ran on as its stack runs there (``Stack.on_cluster``: the release's own expert GEMM issue
+    times, where it has them)."""
+    return load_stack(row_stack(run)).on_cluster(load_cluster(run["cluster"]))
+
+
 def estimate_command(run: dict) -> str:
     """``planner estimate`` with every knob of the row's layout spelled as a CLI option."""
     cfg = modern_config(run)
@@ -210,7 +216,7 @@ def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
     from planner.specs.model import load_model
 
     model = load_model(modern_model_ref(run))
-    cluster = cluster if cluster is not None else load_stack(row_stack(run)).on_cluster(load_cluster(run["cluster"]))
+    cluster = cluster if cluster is not None else row_cluster(run)
     cfg = modern_config(run)
     # the CLI's rule: sequence parallelism only with TP
     cfg = cfg.with_(sequence_parallel=cfg.sequence_parallel and cfg.tp > 1)

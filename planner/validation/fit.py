@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.specs.hardware import hardware_profiles_dir, load_cluster
+from planner.specs.hardware import hardware_profiles_dir
 from planner.specs.stack import DEFAULT_STACK, stacks_dir
-from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_stack
+from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_cluster, row_stack
 
 #: (profile fitted, precision, profiles of the same die that carry the value unfitted)
 TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
@@ -86,8 +86,7 @@ def _with(cluster, param: _Param, precision: str, value: float):
 
 def _errors(runs: list[dict], param: _Param, precision: str, value: float) -> list[float]:
     """Signed errors of ``runs``, each on its own profile with ``param`` set to ``value``."""
-    return [evaluate_modern_run(r, cluster=_with(load_cluster(r["cluster"]), param, precision, value)).error
-            for r in runs]
+    return [evaluate_modern_run(r, cluster=_with(row_cluster(r), param, precision, value)).error for r in runs]
 
 
 def _best(runs: list[dict], param: _Param, precision: str) -> float:
