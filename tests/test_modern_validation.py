@@ -138,21 +138,22 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
 
 
 def test_published_layouts_fit_by_the_memory_model_but_the_offloading_ones():
-    """Every modern row ran, so the memory model should let it run. Three do not fit today, each by little: on
+    """Every modern row ran, so the memory model should let it run. Two do not fit today, each by little: on
     GB200 the Llama 3 70B preset, which offloads 40 layers' activations to the Grace CPU
     (cpu_offloading_num_layers=40, Megatron-Bridge @ 00b7660b, scripts/performance/configs/llama/
-    llama3_workload_base_configs.py; 322 GiB of 169 before offloading was modelled, 181 now), and the 405B fp8
-    layout (TP 4, PP 16, VPP 4) of 25.11 and 26.06, 3% over; DeepSeek-V3's report layout under DualPipe (two copies
-    of each stage's weights and gradients, PP + 1 stage-micro-batches in flight), 0.1% over.
+    llama3_workload_base_configs.py; 322 GiB of 169 before offloading was modelled, 178 now), and DeepSeek-V3's
+    report layout under DualPipe (two copies of each stage's weights and gradients, PP + 1 stage-micro-batches in
+    flight), 0.1% over. The 405B fp8 layout (TP 4, PP 16, VPP 4) of 25.11 and 26.06 on GB200 was 3% over while
+    its weights were counted in bf16; with --fp8-param-gather Megatron-Core keeps them as fp8 tensors, 1 B on
+    Blackwell (memory.held_linear_weight_bytes), and it fits (168 of 169 GiB).
     Pinned so a memory change that rejects more real runs shows."""
     rows = validate_modern()
-    assert sorted(r.id for r in rows if r.fits is False) == ["DSV3-report-H800", "MB2511-GB200-Llama3-70B-fp8",
-                                                            "MB2511-GB200-Llama3.1-405B-fp8",
-                                                            "MB2606-GB200-Llama3.1-405B-fp8"]
+    assert sorted(r.id for r in rows if r.fits is False) == ["DSV3-report-H800", "MB2511-GB200-Llama3-70B-fp8"]
     over = {r.id: r.peak_memory_gib / r.memory_limit_gib for r in rows if r.fits is False}
-    assert over["MB2511-GB200-Llama3.1-405B-fp8"] < 1.05 and over["MB2511-GB200-Llama3-70B-fp8"] < 1.10
-    assert over["MB2606-GB200-Llama3.1-405B-fp8"] < 1.05
+    assert over["MB2511-GB200-Llama3-70B-fp8"] < 1.06
     assert over["DSV3-report-H800"] < 1.01
+    peak = {r.id: r.peak_memory_gib / r.memory_limit_gib for r in rows}
+    assert 0.97 < peak["MB2511-GB200-Llama3.1-405B-fp8"] <= 1.0 and 0.97 < peak["MB2606-GB200-Llama3.1-405B-fp8"] <= 1.0
 
 
 def _stored_call(profile: str, precision: str, stack: str) -> dict:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.cost.compute import FP8_CAST_BYTES_PER_ELEMENT, layer_ops, op_time_s
+from planner.cost.memory import held_linear_weight_bytes, layer_params_on_gpu
 from planner.cost.step import estimate
 from planner.cost.validity import config_problems
 from planner.errors import PlannerError
@@ -19,7 +20,7 @@ from planner.search.engine import search
 from planner.search.space import SearchSpace
 from planner.specs.config import RunConfig
 from planner.specs.hardware import load_cluster
-from planner.specs.model import load_model
+from planner.specs.model import DENSE_LAYER, load_model
 
 H100, A100, B200 = load_cluster("h100-80gb-sxm"), load_cluster("a100-80gb-sxm"), load_cluster("b200-180gb")
 L8B = load_model("llama-3.1-8b")
@@ -53,6 +54,24 @@ def test_fp8_step_is_faster_but_not_twice_and_bf16_is_unchanged():
     bf16, fp8 = estimate(L8B, H100, cfg), estimate(L8B, H100, cfg.with_(precision="fp8"))
     assert 1.1 < bf16.step_time_s / fp8.step_time_s < 1.8
     assert estimate(L8B, H100, cfg.with_(precision="fp16")).step_time_s == pytest.approx(bf16.step_time_s)
+
+
+def test_fp8_parameters_are_held_as_the_quantized_tensor_alone():
+    """Megatron-Core --fp8-param-gather builds the decoder layers under Transformer Engine's fp8_model_init: the
+    weight is a Float8Tensor (1 B, plus a 1 B transpose where fp8 GEMMs are TN-only: Hopper) or an MXFP8Tensor
+    (row- and column-wise data, one E8M0 scale per 32 elements each) and no bf16 copy. The embedding and LM head
+    stay bf16, and the optimizer's fp32 master weights and the bf16 gradients do not change."""
+    assert H100.gpu.fp8_gemm_tn_only and not B200.gpu.fp8_gemm_tn_only
+    assert held_linear_weight_bytes("fp8", True, True) == 2.0 and held_linear_weight_bytes("fp8", True, False) == 1.0
+    assert held_linear_weight_bytes("mxfp8", True, False) == pytest.approx(2 * 33 / 32)
+    assert held_linear_weight_bytes("fp8", False, False) == held_linear_weight_bytes("bf16", True, False) == 2.0
+    cfg = RunConfig(num_gpus=8, tp=8, seq_len=8192, global_batch_size=64, precision="fp8", zero_stage=1)
+    on, off = (estimate(L8B, B200, cfg.with_(fp8_param_gather=g)).stages[0].memory_bytes for g in (True, False))
+    layers = L8B.num_layers * float(layer_params_on_gpu(L8B, 8, 1, DENSE_LAYER)[0])  # decoder weights, a TP rank
+    assert off["weights"] - on["weights"] == pytest.approx(layers * 1.0, rel=1e-6)
+    assert on["gradients"] == off["gradients"] and on["optimizer"] == off["optimizer"]
+    h100_on = estimate(L8B, H100, cfg.with_(fp8_param_gather=True)).stages[0].memory_bytes
+    assert h100_on["weights"] == pytest.approx(off["weights"])  # Hopper: 1 B data + 1 B transpose = bf16's 2
 
 
 def test_a_precision_the_gpu_lacks_is_refused_naming_the_option():

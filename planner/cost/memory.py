@@ -387,6 +387,9 @@ class StageParams:
     dense: float | np.ndarray  # sharded by ZeRO over the DP x CP group
     expert: float | np.ndarray  # sharded by ZeRO over the expert-data-parallel group (DP x CP / EP)
     largest_layer: float | np.ndarray  # the biggest single layer on this GPU (ZeRO-3 gathers it whole)
+    #: of ``dense``, the embedding and LM-head parameters, which stay bf16 whatever the linear layers' weights are
+    #: kept in (Megatron-Core builds only the decoder layers under Transformer Engine's fp8_model_init)
+    ends: float | np.ndarray = 0.0
 
 
 # The ZeRO stage from which each model state is sharded over the data-parallel ranks (Rajbhandari et al. 2020,
@@ -402,16 +405,46 @@ def zero_sharded_params(dense, expert, zero_stage, dp_shard, expert_dp_shard, st
                     dense / dp_shard + expert / expert_dp_shard, dense + expert)
 
 
-def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard) -> dict[str, np.ndarray]:
+def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
+                      linear_weight_bytes=WEIGHT_BYTES) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
 
-    Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers).
+    Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers). The decoder
+    layers' weights take ``linear_weight_bytes`` per element (:func:`held_linear_weight_bytes`; their norms and
+    biases, under 1%, with them), the embedding and LM head (``p.ends``) bf16's 2.
     """
     zero_stage, dp_shard = np.asarray(zero_stage), np.asarray(dp_shard)
 
     def held(state: str):
         return zero_sharded_params(p.dense, p.expert, zero_stage, dp_shard, expert_dp_shard, state)
 
-    gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * WEIGHT_BYTES, 0.0)
-    return {"weights": held("weights") * WEIGHT_BYTES + gathered, "gradients": held("gradients") * GRAD_BYTES,
+    ends = zero_sharded_params(p.ends, 0.0, zero_stage, dp_shard, expert_dp_shard, "weights")
+    weights = (held("weights") - ends) * linear_weight_bytes + ends * WEIGHT_BYTES
+    gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * linear_weight_bytes, 0.0)
+    return {"weights": weights + gathered, "gradients": held("gradients") * GRAD_BYTES,
             "optimizer": held("optimizer") * OPTIMIZER_BYTES}
+
+
+#: bytes per element of a per-tensor fp8 tensor (Float8Tensor): its data, and on GPUs whose fp8 GEMMs take the TN
+#: layout only (``GPU.fp8_gemm_tn_only``) an fp8 transpose beside it (Transformer Engine csrc/quantizer.cpp,
+#: Float8Quantizer / Float8CurrentScalingQuantizer: with_transpose = columnwise_usage and not non-TN, TE v2.9)
+FP8_TENSOR_BYTES = {"data": 1.0, "transpose": 1.0}
+#: bytes per element of an MXFP8 tensor a weight is used as in training: row-wise and column-wise data, 1 B each,
+#: each with one E8M0 scale per 32-element block (MXFP8Tensor; the OCP MX format)
+MXFP8_TENSOR_BYTES = 2 * (1.0 + 1.0 / 32)
+
+
+def held_linear_weight_bytes(precision, fp8_params, fp8_gemm_tn_only=True):
+    """Bytes per element a GPU holds of a decoder linear layer's weight (the model's copy; fp32 master weights are
+    the optimizer's): bf16's 2, or, where the weights are kept quantized (Megatron-Core ``--fp8-param-gather``,
+    ``RunConfig.fp8_param_gather``, builds the decoder layers under Transformer Engine's fp8_model_init: "keep the
+    parameters in fp8 precision to save memory", megatron/core/transformer/transformer_config.py fp8_param,
+    megatron/core/fp8_utils.py get_fp8_context(is_init=True)), the quantized tensor alone and no bf16 copy: in
+    fp8 1 B, plus a 1 B transpose on a TN-only GPU (Hopper: 2 B, Blackwell: 1 B); in mxfp8 both usages' data and
+    scales (:data:`MXFP8_TENSOR_BYTES`)."""
+    precision = np.asarray(precision)
+    on = np.asarray(fp8_params, dtype=bool)
+    fp8 = FP8_TENSOR_BYTES["data"] + np.where(np.asarray(fp8_gemm_tn_only, dtype=bool),
+                                              FP8_TENSOR_BYTES["transpose"], 0.0)
+    quantized = np.where(precision == "fp8", fp8, np.where(precision == "mxfp8", MXFP8_TENSOR_BYTES, WEIGHT_BYTES))
+    return np.where(on, quantized, WEIGHT_BYTES)

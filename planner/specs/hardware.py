@@ -129,6 +129,10 @@ class GPU:
     #: tables of other kernels this GPU runs (``gpu.other_attention_kernels``), selected by name
     #: (:meth:`attention_table`)
     other_attention_kernels: tuple[AttentionKernel, ...] = ()
+    #: whether the GPU's per-tensor fp8 GEMMs take only the TN layout, so that a quantized tensor used on both sides
+    #: of backward is kept with an fp8 transpose beside its data (Hopper and Ada: Transformer Engine's
+    #: ``is_non_tn_fp8_gemm_supported`` is false below compute capability 10.0; Blackwell takes any layout)
+    fp8_gemm_tn_only: bool = True
 
     def attention_kernel_names(self) -> tuple[str, ...]:
         """The kernels this profile has a table for, the default first."""
@@ -274,6 +278,15 @@ def cluster_variant(name_or_path: str, values: dict[str, float], option: str = "
     data["name"] = f"{data.get('name', path.stem)}[" + ",".join(f"{k}={v:g}" for k, v in values.items()) + "]"
     return cluster_from_dict(data, source=f"{path} with {option} " +
                              " ".join(f"{k}={v:g}" for k, v in values.items()), default_name=path.stem)
+
+
+def _flag(d: dict, key: str, source: str, section: str, *, default: bool) -> bool:
+    """A true/false field of a profile section; ``default`` where absent."""
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise PlannerError(f"must be true or false, got {value!r}", source=source, field=f"{section}.{key}",
+                           fix="write true or false")
+    return value
 
 
 def _num(d: Any, key: str, source: str, section: str, *, positive: bool = True, maximum: float | None = None,
@@ -435,6 +448,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
                                           maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS),
         attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
         other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
+        fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),
     )
     node = data.get("node")
     if not isinstance(node, dict):
