@@ -143,7 +143,8 @@ def test_published_layouts_fit_by_the_memory_model_but_the_offloading_ones():
     (cpu_offloading_num_layers=40, Megatron-Bridge @ 00b7660b, scripts/performance/configs/llama/
     llama3_workload_base_configs.py; 322 GiB of 169 before offloading was modelled, 178 now), and DeepSeek-V3's
     report layout under DualPipe (two copies of each stage's weights and gradients, PP + 1 stage-micro-batches in
-    flight), 0.1% over. The 405B fp8 layout (TP 4, PP 16, VPP 4) of 25.11 and 26.06 on GB200 was 3% over while
+    flight), 0.1% over with its weights in bf16 alone (the row's te_quantized_weights false: DeepSeek's framework
+    names no fp8 weight copy; with Transformer Engine's it would be 8% over). The 405B fp8 layout (TP 4, PP 16, VPP 4) of 25.11 and 26.06 on GB200 was 3% over while
     its weights were counted in bf16; with --fp8-param-gather Megatron-Core keeps them as fp8 tensors, 1 B on
     Blackwell (memory.held_linear_weight_bytes), and it fits (168 of 169 GiB).
     Pinned so a memory change that rejects more real runs shows."""

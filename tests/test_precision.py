@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.cost.compute import FP8_CAST_BYTES_PER_ELEMENT, layer_ops, op_time_s
-from planner.cost.memory import held_linear_weight_bytes, layer_params_on_gpu
+from planner.cost.memory import gathered_weight_bytes, held_linear_weight_bytes, layer_params_on_gpu
 from planner.cost.step import estimate
 from planner.cost.validity import config_problems
 from planner.errors import PlannerError
@@ -56,22 +56,35 @@ def test_fp8_step_is_faster_but_not_twice_and_bf16_is_unchanged():
     assert estimate(L8B, H100, cfg.with_(precision="fp16")).step_time_s == pytest.approx(bf16.step_time_s)
 
 
-def test_fp8_parameters_are_held_as_the_quantized_tensor_alone():
+def test_fp8_weights_are_held_as_transformer_engine_holds_them():
     """Megatron-Core --fp8-param-gather builds the decoder layers under Transformer Engine's fp8_model_init: the
     weight is a Float8Tensor (1 B, plus a 1 B transpose where fp8 GEMMs are TN-only: Hopper) or an MXFP8Tensor
-    (row- and column-wise data, one E8M0 scale per 32 elements each) and no bf16 copy. The embedding and LM head
-    stay bf16, and the optimizer's fp32 master weights and the bf16 gradients do not change."""
+    (row- and column-wise data, one E8M0 scale per 32 elements each) and no bf16 copy; Megatron-FSDP drops the fp8
+    transpose of its shards between uses. Without it TE keeps a quantized copy beside each bf16 weight across the
+    micro-batches of a step. torchao (te_quantized_weights false) quantizes per use: bf16 alone. The embedding and
+    LM head stay bf16, and gradients and optimizer states do not change."""
     assert H100.gpu.fp8_gemm_tn_only and not B200.gpu.fp8_gemm_tn_only
-    assert held_linear_weight_bytes("fp8", True, True) == 2.0 and held_linear_weight_bytes("fp8", True, False) == 1.0
-    assert held_linear_weight_bytes("mxfp8", True, False) == pytest.approx(2 * 33 / 32)
-    assert held_linear_weight_bytes("fp8", False, False) == held_linear_weight_bytes("bf16", True, False) == 2.0
+    held = held_linear_weight_bytes
+    assert held("fp8", True, True, True) == 2.0 and held("fp8", True, False, True) == 1.0
+    assert held("mxfp8", True, False, True) == pytest.approx(2 * 33 / 32)
+    assert held("fp8", False, True, True) == 4.0 and held("fp8", False, False, True) == 3.0
+    assert held("fp8", True, True, True, zero_stage=3) == 1.0 and held("fp8", False, True, True, zero_stage=3) == 2.0
+    assert held("fp8", True, True, False) == held("fp8", False, True, False) == held("bf16", True, True, True) == 2.0
+    assert gathered_weight_bytes("fp8", True, True, True) == 2.0 and gathered_weight_bytes("fp8", True, True, False) == 2
     cfg = RunConfig(num_gpus=8, tp=8, seq_len=8192, global_batch_size=64, precision="fp8", zero_stage=1)
-    on, off = (estimate(L8B, B200, cfg.with_(fp8_param_gather=g)).stages[0].memory_bytes for g in (True, False))
     layers = L8B.num_layers * float(layer_params_on_gpu(L8B, 8, 1, DENSE_LAYER)[0])  # decoder weights, a TP rank
-    assert off["weights"] - on["weights"] == pytest.approx(layers * 1.0, rel=1e-6)
-    assert on["gradients"] == off["gradients"] and on["optimizer"] == off["optimizer"]
-    h100_on = estimate(L8B, H100, cfg.with_(fp8_param_gather=True)).stages[0].memory_bytes
-    assert h100_on["weights"] == pytest.approx(off["weights"])  # Hopper: 1 B data + 1 B transpose = bf16's 2
+
+    def states(cluster, **kw):
+        return estimate(L8B, cluster, cfg.with_(**kw)).stages[0].memory_bytes
+
+    on, cached, torchao = (states(B200, fp8_param_gather=g, te_quantized_weights=te)
+                           for g, te in ((True, True), (False, True), (False, False)))
+    assert torchao["weights"] - on["weights"] == pytest.approx(layers * 1.0, rel=1e-6)
+    assert cached["weights"] - torchao["weights"] == pytest.approx(layers * 1.0, rel=1e-6)
+    assert on["gradients"] == torchao["gradients"] and on["optimizer"] == torchao["optimizer"]
+    h100_on, h100_cached = (states(H100, fp8_param_gather=g) for g in (True, False))
+    assert h100_on["weights"] == pytest.approx(torchao["weights"])  # Hopper: 1 B data + 1 B transpose = bf16's 2
+    assert h100_cached["weights"] - h100_on["weights"] == pytest.approx(layers * 2.0, rel=1e-6)
 
 
 def test_a_precision_the_gpu_lacks_is_refused_naming_the_option():

@@ -96,6 +96,14 @@ CASES.append((load_model("mixtral-8x7b"), H100, 16, 32, 4096,
 IDS.append("mixtral-16gpu-two-dispatchers")
 
 
+#: fp8 with bf16 weights and Transformer Engine's quantized copies beside them (held below ZeRO-3, not under it):
+#: the memory bound's per-ZeRO-stage weight bytes
+CASES.append((small_gpt(layers=12, hidden=1024, heads=8), H100, 8, 16, 4096,
+              SearchSpace(schedules=("1f1b", "interleaved-1f1b"), cp_kinds=("ring",), zero_stages=(0, 1, 3),
+                          precision="fp8", fp8_param_gather=False)))
+IDS.append("gpt-12L-8gpu-fp8-weight-copies")
+
+
 def test_the_uneven_case_holds_uneven_virtual_chunks():
     rows, *_ = brute_force(*CASES[IDS.index("gpt-13L-8gpu-uneven-chunks")])
     assert any(cfg.vpp > 1 and 13 % (cfg.pp * cfg.vpp) for _, _, cfg, _, _ in rows)

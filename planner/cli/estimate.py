@@ -121,6 +121,11 @@ def estimate(
                                           help="fp8 runs: the linear weights kept and all-gathered in fp8 by the "
                                                "sharded optimizer / FSDP (Megatron --fp8-param-gather; default: the "
                                                "stack's)"),
+    te_fp8_weights: bool = typer.Option(None, "--te-fp8-weights/--no-te-fp8-weights",
+                                        help="fp8 / mxfp8 memory: the linear weights held as Transformer Engine "
+                                             "holds them (quantized parameters with --fp8-param-gather, else a "
+                                             "quantized copy beside the bf16 weight, kept across micro-batches) or "
+                                             "quantized per use and freed (torchao); default: the stack's"),
     overlap_p2p_comm: bool = typer.Option(None, "--overlap-p2p-comm/--no-overlap-p2p-comm",
                                           help="Interleaved schedule: pipeline sends under the next chunk's compute "
                                                "(Megatron-Core's default; --no-overlap-p2p-communication turns it "
@@ -184,7 +189,8 @@ def estimate(
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),
                           attention_kernel=attention_kernel, per_expert_gemm_calls=per_expert_gemm_calls,
-                          fp8_param_gather=fp8_param_gather, overlap_p2p_comm=overlap_p2p_comm,
+                          fp8_param_gather=fp8_param_gather, te_quantized_weights=te_fp8_weights,
+                          overlap_p2p_comm=overlap_p2p_comm,
                           ep_dispatcher=ep_dispatcher)
     est = estimate_config(spec, hw, cfg)
     data = None

@@ -406,21 +406,23 @@ def zero_sharded_params(dense, expert, zero_stage, dp_shard, expert_dp_shard, st
 
 
 def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
-                      linear_weight_bytes=WEIGHT_BYTES) -> dict[str, np.ndarray]:
+                      linear_weight_bytes=WEIGHT_BYTES, gathered_weight_bytes=None) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
 
     Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers). The decoder
-    layers' weights take ``linear_weight_bytes`` per element (:func:`held_linear_weight_bytes`; their norms and
-    biases, under 1%, with them), the embedding and LM head (``p.ends``) bf16's 2.
+    layers' weights take ``linear_weight_bytes`` per element as held (:func:`held_linear_weight_bytes`; their norms
+    and biases, under 1%, with them) and ``gathered_weight_bytes`` (default: the same) as gathered for use, the
+    embedding and LM head (``p.ends``) bf16's 2.
     """
     zero_stage, dp_shard = np.asarray(zero_stage), np.asarray(dp_shard)
+    gathered_b = linear_weight_bytes if gathered_weight_bytes is None else gathered_weight_bytes
 
     def held(state: str):
         return zero_sharded_params(p.dense, p.expert, zero_stage, dp_shard, expert_dp_shard, state)
 
     ends = zero_sharded_params(p.ends, 0.0, zero_stage, dp_shard, expert_dp_shard, "weights")
     weights = (held("weights") - ends) * linear_weight_bytes + ends * WEIGHT_BYTES
-    gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * linear_weight_bytes, 0.0)
+    gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * gathered_b, 0.0)
     return {"weights": weights + gathered, "gradients": held("gradients") * GRAD_BYTES,
             "optimizer": held("optimizer") * OPTIMIZER_BYTES}
 
@@ -434,17 +436,42 @@ FP8_TENSOR_BYTES = {"data": 1.0, "transpose": 1.0}
 MXFP8_TENSOR_BYTES = 2 * (1.0 + 1.0 / 32)
 
 
-def held_linear_weight_bytes(precision, fp8_params, fp8_gemm_tn_only=True):
-    """Bytes per element a GPU holds of a decoder linear layer's weight (the model's copy; fp32 master weights are
-    the optimizer's): bf16's 2, or, where the weights are kept quantized (Megatron-Core ``--fp8-param-gather``,
-    ``RunConfig.fp8_param_gather``, builds the decoder layers under Transformer Engine's fp8_model_init: "keep the
-    parameters in fp8 precision to save memory", megatron/core/transformer/transformer_config.py fp8_param,
-    megatron/core/fp8_utils.py get_fp8_context(is_init=True)), the quantized tensor alone and no bf16 copy: in
-    fp8 1 B, plus a 1 B transpose on a TN-only GPU (Hopper: 2 B, Blackwell: 1 B); in mxfp8 both usages' data and
-    scales (:data:`MXFP8_TENSOR_BYTES`)."""
+def quantized_weight_bytes(precision, fp8_gemm_tn_only=True):
+    """Bytes per element of a weight as Transformer Engine quantizes it for training's GEMMs (forward, and the
+    input gradient's in backward): fp8 1 B, plus a 1 B transpose on a TN-only GPU (Hopper 2 B, Blackwell 1 B);
+    mxfp8 both usages' data and scales (:data:`MXFP8_TENSOR_BYTES`); 0 in 16-bit precisions."""
     precision = np.asarray(precision)
-    on = np.asarray(fp8_params, dtype=bool)
     fp8 = FP8_TENSOR_BYTES["data"] + np.where(np.asarray(fp8_gemm_tn_only, dtype=bool),
                                               FP8_TENSOR_BYTES["transpose"], 0.0)
-    quantized = np.where(precision == "fp8", fp8, np.where(precision == "mxfp8", MXFP8_TENSOR_BYTES, WEIGHT_BYTES))
-    return np.where(on, quantized, WEIGHT_BYTES)
+    return np.where(precision == "fp8", fp8, np.where(precision == "mxfp8", MXFP8_TENSOR_BYTES, 0.0))
+
+
+def held_linear_weight_bytes(precision, fp8_params, fp8_gemm_tn_only=True, te_weights=False, zero_stage=0):
+    """Bytes per element a GPU holds of a decoder linear layer's weight between its uses (fp32 master weights are
+    the optimizer's): bf16's 2, except in fp8 / mxfp8 under a stack whose linear layers are Transformer Engine
+    modules (``te_weights``, ``RunConfig.te_quantized_weights``; elsewhere, e.g. torchao, the bf16 weight is
+    quantized per use and freed):
+    * weights kept quantized (Megatron-Core ``--fp8-param-gather``, ``RunConfig.fp8_param_gather``, builds the
+      decoder layers under TE's fp8_model_init: "keep the parameters in fp8 precision to save memory",
+      megatron/core/transformer/transformer_config.py fp8_param, megatron/core/fp8_utils.py
+      get_fp8_context(is_init=True)): the quantized tensor alone (:func:`quantized_weight_bytes`), no bf16 copy;
+      under ZeRO-3 (Megatron-FSDP) an fp8 shard without its transpose, which is made for each use and released
+      after (keep_fp8_transpose_cache false by default, megatron/core/distributed/fsdp/src/megatron_fsdp/
+      megatron_fsdp.py);
+    * bf16 weights: the bf16 weight plus its quantized copy, made at a step's first micro-batch and reused by the
+      others (TE's weight workspace); not counted under ZeRO-3, where a layer's weights exist whole only while
+      gathered."""
+    precision, zero_stage = np.asarray(precision), np.asarray(zero_stage)
+    te = (np.asarray(te_weights, dtype=bool)) & ((precision == "fp8") | (precision == "mxfp8"))
+    quantized = quantized_weight_bytes(precision, fp8_gemm_tn_only)
+    fsdp_fp8_shard = np.where((zero_stage >= 3) & (precision == "fp8"), FP8_TENSOR_BYTES["data"], quantized)
+    cached = WEIGHT_BYTES + np.where(zero_stage < 3, quantized, 0.0)
+    return np.where(te, np.where(np.asarray(fp8_params, dtype=bool), fsdp_fp8_shard, cached), WEIGHT_BYTES)
+
+
+def gathered_weight_bytes(precision, fp8_params, fp8_gemm_tn_only=True, te_weights=False):
+    """Bytes per element of a decoder linear layer's weight while ZeRO-3 holds it gathered for use: the quantized
+    tensor with its transpose where Transformer Engine keeps the weights quantized, else the bf16 weight."""
+    low = np.isin(np.asarray(precision), ("fp8", "mxfp8")) & np.asarray(fp8_params, dtype=bool) & \
+        np.asarray(te_weights, dtype=bool)
+    return np.where(low, quantized_weight_bytes(precision, fp8_gemm_tn_only), WEIGHT_BYTES)

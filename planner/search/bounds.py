@@ -43,8 +43,9 @@ from planner.cost import comm
 from planner.cost.data_parallel import (dp_collectives, dp_exposed_s, dp_groups, expert_dp_degree,
                                        expert_shard_degree, exposed_s, gathered_linear_weight_bytes, hsdp_groups,
                                        optimizer_step_s)
-from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, held_linear_weight_bytes,
-                                 layer_params_on_gpu, model_state_bytes, zero_sharded_params)
+from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, gathered_weight_bytes,
+                                 held_linear_weight_bytes, layer_params_on_gpu, model_state_bytes,
+                                 zero_sharded_params)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
 from planner.search.space import (REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, ZERO_COLUMNS, Rows, Space, column_of,
@@ -152,8 +153,10 @@ class GroupTables:
     kind_index: tuple[int, ...]  # per layer, its kind (ModelSpec.kind_index)
     memory_class: tuple[int, ...]  # per kind, 0 or 1: the class its memory counts in (``memory_classes``)
     optimizer_s_per_param: float  # optimizer step time per local parameter
-    #: bytes per element of the decoder layers' weights as a GPU holds them (``memory.held_linear_weight_bytes``)
-    linear_weight_bytes: float
+    #: bytes per element of the decoder layers' weights as a GPU holds them, per ZeRO stage 0-3
+    #: (``memory.held_linear_weight_bytes``), and while ZeRO-3 holds a layer gathered (``gathered_weight_bytes``)
+    linear_weight_bytes: np.ndarray
+    gathered_weight_bytes: float
     layer_s: np.ndarray  # (groups, 3 kinds): one layer of each kind's F, B, W (incl. exposed comm)
     ends_s: np.ndarray  # (groups, 5): embedding F, embedding W (its backward), LM head F, B, W
     p2p_s: np.ndarray  # one pipeline send (0 without PP)
@@ -234,6 +237,7 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages, ep, etp)
     copies = _stage_copies(space, slice(None))  # DualPipe: each stage's two copies join its ZeRO shards
     dp_shard = space.dp * cp * copies
+    fixed, tn_only = space.fixed, cluster.gpu.fp8_gemm_tn_only
     return GroupTables(
         fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],
         full_s=t_["full"], layer_full_min_s=t_["full_min"],
@@ -251,8 +255,10 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies,
         kind_index=kind_index, memory_class=mem_class,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
-        linear_weight_bytes=float(held_linear_weight_bytes(space.fixed.precision, space.fixed.fp8_param_gather,
-                                                           cluster.gpu.fp8_gemm_tn_only)),
+        linear_weight_bytes=held_linear_weight_bytes(fixed.precision, fixed.fp8_param_gather, tn_only,
+                                                     fixed.te_quantized_weights, np.arange(4)),
+        gathered_weight_bytes=float(gathered_weight_bytes(fixed.precision, fixed.fp8_param_gather, tn_only,
+                                                          fixed.te_quantized_weights)),
         layer_s=PerKey(np.stack([tab[f"{x}{k}"] for k in range(len(model.layer_kinds)) for x in "fbw"], axis=1),
                        layer_key),
         ends_s=PerKey(np.stack([tab[k] for k in ("emb_f", "emb_w", "head_f", "head_b", "head_w")], axis=1),
@@ -641,7 +647,7 @@ def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.
     largest = np.maximum(largest, np.where(n_layers > n_moe, t.largest_layer_params[g, 0], 0.0))
     dp_shard, edp_shard = shards if shards is not None else (t.dp_shard[g], t.expert_dp_shard[g])
     states = model_state_bytes(StageParams(dense, expert, largest, extra_dense), zero, dp_shard, edp_shard,
-                               t.linear_weight_bytes)
+                               t.linear_weight_bytes[zero], t.gathered_weight_bytes)
     return states["weights"] + states["gradients"] + states["optimizer"]
 
 

@@ -79,6 +79,8 @@ class SearchSpace:
     per_expert_gemm_calls: bool = True
     #: fp8 weights gathered in fp8 (config.RunConfig.fp8_param_gather: the stack's, not searched)
     fp8_param_gather: bool = False
+    #: weights held as Transformer Engine holds them in fp8 (config.RunConfig.te_quantized_weights: the stack's)
+    te_quantized_weights: bool = True
     #: selective "core_attn" re-runs the fused attention (config.RunConfig.recompute_fused_attention: the stack's)
     recompute_fused_attention: bool = True
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)

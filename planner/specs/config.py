@@ -138,6 +138,13 @@ class RunConfig:
     #: enable_fsdp_float8_all_gather): 1 byte per element with per-tensor fp8; mxfp8 weights are gathered in bf16
     #: and cast after (Megatron's reuse_grad_buf_for_mxfp8_param_ag), so only ``precision`` "fp8" gathers fewer bytes
     fp8_param_gather: bool = False
+    #: the fp8 / mxfp8 linear layers hold their weights as Transformer Engine modules under Megatron-Core do
+    #: (``memory.held_linear_weight_bytes``): with ``fp8_param_gather`` as quantized tensors instead of bf16
+    #: (fp8_model_init), without it bf16 plus a quantized copy kept across the micro-batches of a step (TE's weight
+    #: workspace, transformer_engine/pytorch/module/base.py get_weight_workspace, reused while Megatron-Core passes
+    #: is_first_microbatch=False: megatron/core/extensions/transformer_engine.py). False: bf16 weights quantized per
+    #: use and freed, in fp8 gathered as such (torchao's Float8Linear and its FSDP2 float8 all-gather)
+    te_quantized_weights: bool = True
     #: selective recomputation of "core_attn" re-runs the fused attention kernel too (Megatron-Core checkpoints the
     #: core attention whatever its kernel: megatron/core/transformer/attention.py checkpoint_core_attention); False:
     #: the fused kernel's outputs are kept (torchtitan's op-level selective checkpointing saves the SDPA ops')
@@ -235,7 +242,7 @@ class RunConfig:
 #: (attention kernel, expert GEMM issue, fp8 weight gather, recomputation of the fused attention, the modules
 #: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
-FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
+FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
                 "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
                 "offload_modules", "overlap_p2p_comm")
 
@@ -249,6 +256,7 @@ class FixedOptions:
     attention_kernel: str = RunConfig.attention_kernel
     per_expert_gemm_calls: bool = RunConfig.per_expert_gemm_calls
     fp8_param_gather: bool = RunConfig.fp8_param_gather
+    te_quantized_weights: bool = RunConfig.te_quantized_weights
     recompute_fused_attention: bool = RunConfig.recompute_fused_attention
     recompute_modules: str = RunConfig.recompute_modules
     packed_doc_len: float = RunConfig.packed_doc_len
