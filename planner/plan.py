@@ -68,6 +68,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({} if cfg.per_expert_gemm_calls else {"per_expert_gemm_calls": False}),
             **({"fp8_param_gather": True} if cfg.fp8_param_gather else {}),
             **({} if cfg.te_quantized_weights else {"te_quantized_weights": False}),
+            **({} if cfg.grads_in_reduce_dtype else {"grads_in_reduce_dtype": False}),
             **({} if cfg.recompute_fused_attention else {"recompute_fused_attention": False}),
             **({} if cfg.overlap_p2p_comm else {"overlap_p2p_comm": False}),
             **({"ep_dispatcher": cfg.ep_dispatcher} if cfg.ep_dispatcher != "alltoall" else {}),

@@ -65,7 +65,9 @@ def test_stacks_default_to_the_all_to_all_dispatcher_and_refuse_unknown_ones(tmp
 def test_the_search_picks_the_dispatcher_where_ep_spans_nodes():
     """Under megatron-core (all-to-all and HybridEP), DeepSeek-V3 on 2,048 H800 (the report's cluster): the best
     plan runs EP 64 over eight nodes with HybridEP's per-node dispatch; pinned to the all-to-all it keeps EP within
-    two nodes and is slower. An EP group inside one node holds the stack's default alone."""
+    two nodes and is slower (by 10%: 17.7 s against 19.5; by 23% while the gradients of megatron-core's fp32
+    reduction were counted in bf16 and TP 2 PP 4 fitted). An EP group inside one node holds the stack's default
+    alone."""
     from planner.export import plan_for_launcher
     from planner.search.space import SearchSpace, build_space
 
@@ -76,7 +78,7 @@ def test_the_search_picks_the_dispatcher_where_ep_spans_nodes():
     pinned = plan_for_launcher(DSV3, h800, 2048, 15360, 4096, "megatron", ep_dispatcher="alltoall", **kw)
     assert best.config.ep_dispatcher == "hybridep" and best.config.ep * best.config.expert_tp > 8
     assert pinned.config.ep_dispatcher == "alltoall"
-    assert best.estimate.step_time_s < 0.9 * pinned.estimate.step_time_s
+    assert best.estimate.step_time_s < 0.95 * pinned.estimate.step_time_s
     space = build_space(MIXTRAL, H100, 8, 32, 4096, SearchSpace(ep_dispatchers=("alltoall", "hybridep")))
     from planner.search.space import G
     assert set(space.groups[:, G["epd"]]) == {0}  # one node: no group spans nodes

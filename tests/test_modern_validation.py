@@ -31,7 +31,7 @@ def test_every_row_names_its_source_quote_and_assumptions():
 @pytest.mark.parametrize("run_id", sorted(ROWS))
 def test_each_row_is_reproduced_by_its_printed_command(run_id):
     """`planner validate --show-commands` prints a command per row; through the CLI it gives the same tokens/s per
-    GPU as the validation (or, for a layout a validity rule refuses, that rule's one-line error)."""
+    GPU and peak memory as the validation (or, for a layout a validity rule refuses, that rule's one-line error)."""
     row = ROWS[run_id]
     args = shlex.split(row.command)[1:] + ["--json"]
     r = CliRunner().invoke(app, args)
@@ -41,6 +41,7 @@ def test_each_row_is_reproduced_by_its_printed_command(run_id):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["estimate"]["tokens_per_s"] / d["num_gpus"] == pytest.approx(row.estimated, rel=1e-12)
+    assert d["estimate"]["peak_memory_gib"] == pytest.approx(row.peak_memory_gib, rel=1e-9)
 
 
 def test_validate_reports_every_group_and_the_rows_it_cannot_express():
@@ -138,10 +139,12 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
 
 
 def test_published_layouts_fit_by_the_memory_model_but_the_dualpipe_one():
-    """Every modern row ran, so the memory model should let it run. One does not fit today, by little:
-    DeepSeek-V3's report layout under DualPipe (two copies of each stage's weights and gradients, PP + 1
-    stage-micro-batches in flight), 0.1% over with its weights in bf16 alone (the row's te_quantized_weights false:
-    DeepSeek's framework names no fp8 weight copy; with Transformer Engine's it would be 8% over).
+    """Every modern row ran, so the memory model should let it run. One does not fit today: DeepSeek-V3's report
+    layout under DualPipe (two copies of each stage's weights and gradients, PP + 1 stage-micro-batches in flight),
+    8% over: its gradients are held in fp32 as the report says (Sec. 3.3.2; 0.1% over while they were counted in
+    bf16), while the report's own savings are not modelled (BF16 Adam moments, activations cached in FP8 / E5M6 and
+    the SwiGLU output recomputed, Sec. 3.3.2-3.3.3). Its weights are bf16 alone (te_quantized_weights false:
+    DeepSeek's framework names no fp8 weight copy).
     On GB200 (184 GiB, 180 usable: NVIDIA's MIG listings, hardware_profiles/gb200-nvl72.json) the Llama 3 70B preset,
     which offloads 40 layers' activations to the Grace CPU (cpu_offloading_num_layers=40, Megatron-Bridge @
     00b7660b, scripts/performance/configs/llama/llama3_workload_base_configs.py), peaks at 178 GiB: it did not
@@ -152,7 +155,7 @@ def test_published_layouts_fit_by_the_memory_model_but_the_dualpipe_one():
     rows = validate_modern()
     assert [r.id for r in rows if r.fits is False] == ["DSV3-report-H800"]
     peak = {r.id: r.peak_memory_gib / r.memory_limit_gib for r in rows}
-    assert 1.0 < peak["DSV3-report-H800"] < 1.01
+    assert 1.0 < peak["DSV3-report-H800"] < 1.09
     assert 0.95 < peak["MB2511-GB200-Llama3-70B-fp8"] <= 1.0
     assert 0.9 < peak["MB2511-GB200-Llama3.1-405B-fp8"] < 0.95 and 0.9 < peak["MB2606-GB200-Llama3.1-405B-fp8"] < 0.95
 

@@ -188,3 +188,23 @@ def test_a_stacks_spaces_hold_the_fixed_options_it_decides():
             assert {f: getattr(space.fixed, f) for f in STACK_FIXED_FIELDS} == stack.fixed_options(), name
         applied = stack.apply(RunConfig(num_gpus=8))
         assert {f: getattr(applied.fixed, f) for f in STACK_FIXED_FIELDS} == stack.fixed_options(), name
+
+
+def test_gradients_are_held_in_the_reduction_dtype_where_the_stack_accumulates_them_so():
+    """Megatron-Core's main_grad buffer has the reduction's dtype (param_and_grad_buffer.py: grad_dtype =
+    torch.float if grad_reduce_in_fp32): 4 bytes per parameter with the default fp32 reduction, 2 with
+    --grad-reduce-dtype bf16. torchtitan's FSDP2 keeps fp32 shards that are their own master weights: the ZeRO
+    paper's 2 + 2 + 12 = 16 bytes per parameter whatever the reduction."""
+    from planner.cost.memory import held_grad_bytes
+    from planner.cost.step import estimate
+    from planner.specs.config import RunConfig
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import load_model
+
+    assert held_grad_bytes(4, True) == 4 and held_grad_bytes(2, True) == 2 and held_grad_bytes(4, False) == 2
+    assert load_stack("megatron-core").grads_in_reduce_dtype and not load_stack("torchtitan").grads_in_reduce_dtype
+    model, h100 = load_model("llama-3.1-8b"), load_cluster("h100-80gb-sxm")
+    base = RunConfig(num_gpus=8, tp=8, seq_len=4096, global_batch_size=16, zero_stage=1)
+    mem = {(b, g): estimate(model, h100, base.with_(grad_reduce_bytes=b, grads_in_reduce_dtype=g)).stages[0]
+           .memory_bytes["gradients"] for b in (2, 4) for g in (True, False)}
+    assert mem[(4, True)] == pytest.approx(2 * mem[(2, True)]) and mem[(4, False)] == mem[(2, True)] == mem[(2, False)]

@@ -406,13 +406,14 @@ def zero_sharded_params(dense, expert, zero_stage, dp_shard, expert_dp_shard, st
 
 
 def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
-                      linear_weight_bytes=WEIGHT_BYTES, gathered_weight_bytes=None) -> dict[str, np.ndarray]:
+                      linear_weight_bytes=WEIGHT_BYTES, gathered_weight_bytes=None,
+                      grad_bytes=GRAD_BYTES) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
 
     Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers). The decoder
     layers' weights take ``linear_weight_bytes`` per element as held (:func:`held_linear_weight_bytes`; their norms
     and biases, under 1%, with them) and ``gathered_weight_bytes`` (default: the same) as gathered for use, the
-    embedding and LM head (``p.ends``) bf16's 2.
+    embedding and LM head (``p.ends``) bf16's 2; gradients ``grad_bytes`` per element (:func:`held_grad_bytes`).
     """
     zero_stage, dp_shard = np.asarray(zero_stage), np.asarray(dp_shard)
     gathered_b = linear_weight_bytes if gathered_weight_bytes is None else gathered_weight_bytes
@@ -423,8 +424,15 @@ def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
     ends = zero_sharded_params(p.ends, 0.0, zero_stage, dp_shard, expert_dp_shard, "weights")
     weights = (held("weights") - ends) * linear_weight_bytes + ends * WEIGHT_BYTES
     gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * gathered_b, 0.0)
-    return {"weights": weights + gathered, "gradients": held("gradients") * GRAD_BYTES,
+    return {"weights": weights + gathered, "gradients": held("gradients") * grad_bytes,
             "optimizer": held("optimizer") * OPTIMIZER_BYTES}
+
+
+def held_grad_bytes(grad_reduce_bytes, grads_in_reduce_dtype=True):
+    """Bytes per element of the gradients a GPU accumulates: the reduction's dtype where the stack's gradient buffer
+    has it (Megatron-Core: param_and_grad_buffer.py grad_dtype = torch.float if grad_reduce_in_fp32 else the
+    parameter's), else the ZeRO paper's 2."""
+    return np.where(np.asarray(grads_in_reduce_dtype, dtype=bool), grad_reduce_bytes, GRAD_BYTES)
 
 
 #: bytes per element of a per-tensor fp8 tensor (Float8Tensor): its data, and on GPUs whose fp8 GEMMs take the TN

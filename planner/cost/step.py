@@ -21,7 +21,7 @@ from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp
                                         expert_shard_degree, exposed_s, gathered_linear_weight_bytes,
                                         optimizer_step_s, packed_wait_s)
 from planner.cost.memory import (WEIGHT_BYTES, StageParams, activation_bytes_per_layer, embedding_activation_bytes,
-                                 gathered_weight_bytes, held_linear_weight_bytes,
+                                 gathered_weight_bytes, held_grad_bytes, held_linear_weight_bytes,
                                  offloaded_bytes_per_layer, vision_projector_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes, mtp_projection_activation_bytes, zero_sharded_params)
@@ -735,7 +735,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                                         cfg.te_quantized_weights, cfg.zero_stage)
     in_use_b = gathered_weight_bytes(cfg.precision, cfg.fp8_param_gather, gpu.fp8_gemm_tn_only, cfg.te_quantized_weights)
     states = model_state_bytes(StageParams(dense_p, expert_p, largest, rank["end_params"]), cfg.zero_stage, dp_shard,
-                               expert_dp_shard, weight_b, in_use_b)
+                               expert_dp_shard, weight_b, in_use_b,
+                               held_grad_bytes(cfg.grad_reduce_bytes, cfg.grads_in_reduce_dtype))
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
     dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, copies, p, cfg.dp_shard)
     units = np.asarray(layers, dtype=float)[chunks].sum(axis=1)  # ZeRO-3 units: the rank's layers

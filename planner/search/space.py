@@ -81,6 +81,8 @@ class SearchSpace:
     fp8_param_gather: bool = False
     #: weights held as Transformer Engine holds them in fp8 (config.RunConfig.te_quantized_weights: the stack's)
     te_quantized_weights: bool = True
+    #: gradients held in the reduction's dtype (config.RunConfig.grads_in_reduce_dtype: the stack's)
+    grads_in_reduce_dtype: bool = True
     #: selective "core_attn" re-runs the fused attention (config.RunConfig.recompute_fused_attention: the stack's)
     recompute_fused_attention: bool = True
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)

@@ -145,6 +145,11 @@ class RunConfig:
     #: is_first_microbatch=False: megatron/core/extensions/transformer_engine.py). False: bf16 weights quantized per
     #: use and freed, in fp8 gathered as such (torchao's Float8Linear and its FSDP2 float8 all-gather)
     te_quantized_weights: bool = True
+    #: the gradients accumulate in a buffer of the reduction's dtype (``grad_reduce_bytes`` per element: Megatron-Core's
+    #: main_grad buffer is fp32 when it reduces in fp32, megatron/core/distributed/param_and_grad_buffer.py
+    #: grad_dtype = torch.float if grad_reduce_in_fp32); False: 2 bytes, the ZeRO paper's 2 + 2 + 12 accounting
+    #: (FSDP2's fp32 shards are their own master weights, so its 16 bytes per parameter add up the same)
+    grads_in_reduce_dtype: bool = True
     #: selective recomputation of "core_attn" re-runs the fused attention kernel too (Megatron-Core checkpoints the
     #: core attention whatever its kernel: megatron/core/transformer/attention.py checkpoint_core_attention); False:
     #: the fused kernel's outputs are kept (torchtitan's op-level selective checkpointing saves the SDPA ops')
@@ -243,7 +248,7 @@ class RunConfig:
 #: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
-                "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
+                "grads_in_reduce_dtype", "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
                 "offload_modules", "overlap_p2p_comm")
 
 
@@ -257,6 +262,7 @@ class FixedOptions:
     per_expert_gemm_calls: bool = RunConfig.per_expert_gemm_calls
     fp8_param_gather: bool = RunConfig.fp8_param_gather
     te_quantized_weights: bool = RunConfig.te_quantized_weights
+    grads_in_reduce_dtype: bool = RunConfig.grads_in_reduce_dtype
     recompute_fused_attention: bool = RunConfig.recompute_fused_attention
     recompute_modules: str = RunConfig.recompute_modules
     packed_doc_len: float = RunConfig.packed_doc_len

@@ -26,11 +26,12 @@ GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
 #: the option fields of a stack file (``attention_kernel`` optional: "" = each profile's default table)
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
-               "te_quantized_weights", "recompute_fused_attention", "overlap_p2p_comm", "ep_dispatcher")
+               "te_quantized_weights", "grads_in_reduce_dtype", "recompute_fused_attention", "overlap_p2p_comm",
+               "ep_dispatcher")
 #: the options a stack decides that a search holds fixed (of ``config.FIXED_FIELDS``; the run's precision, the
 #: recompute and offload modules and the data's packing are the request's)
 STACK_FIXED_FIELDS = ("attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
-                      "recompute_fused_attention", "overlap_p2p_comm")
+                      "grads_in_reduce_dtype", "recompute_fused_attention", "overlap_p2p_comm")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
                    "torchtitan-0.3": "torchtitan",
@@ -79,6 +80,9 @@ class Stack:
     #: parameters with fp8_param_gather, else a quantized copy kept across micro-batches;
     #: ``options.te_quantized_weights``; absent: false, bf16 weights quantized per use)
     te_quantized_weights: bool = False
+    #: whether its gradient buffer has the reduction's dtype (``options.grads_in_reduce_dtype``; absent: true, as
+    #: Megatron-Core's main_grad)
+    grads_in_reduce_dtype: bool = True
     #: whether its selective recomputation of "core_attn" re-runs the fused attention kernel
     #: (``options.recompute_fused_attention``; absent: true, Megatron-Core's checkpoint_core_attention)
     recompute_fused_attention: bool = True
@@ -223,6 +227,7 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options", default=True),
         fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
         te_quantized_weights=_bool(opts, "te_quantized_weights", source, "options", default=False),
+        grads_in_reduce_dtype=_bool(opts, "grads_in_reduce_dtype", source, "options", default=True),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
         ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, ep_dispatcher_choices=dispatchers)
