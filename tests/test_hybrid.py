@@ -248,9 +248,10 @@ def test_published_hybrid_runs_are_held_out_checks():
     assert 0.29 < errors["MB260401-B200-Nemotron3Nano-mxfp8"] < 0.37
     assert 0.34 < errors["MB2606-GB200-Nemotron3Nano-mxfp8"] < 0.42
     assert -0.20 < errors["MB2606-H100-Nemotron3Nano-fp8"] < -0.10
-    # NeMo AutoModel's FSDP2 run on 8 H100 in bf16 (another stack, no expert issue time: one grouped kernel) is as
-    # slow in the model as Megatron-Bridge's fp8 one: -18.0% (2026-12-05)
-    assert -0.22 < errors["AM-H100-Nemotron3Nano-FSDP2-EP8"] < -0.14
+    # NeMo AutoModel's FSDP2 run on 8 H100 in bf16 (another stack, no expert issue time: one grouped kernel) is about
+    # as slow in the model as Megatron-Bridge's fp8 one: -14.0% (2026-12-05 night, the grouped kernel's efficiency
+    # read at its whole work; -18.0% before)
+    assert -0.18 < errors["AM-H100-Nemotron3Nano-FSDP2-EP8"] < -0.10
     h100 = next(r for r in rows if r["id"] == "MB2606-H100-Nemotron3Nano-fp8")
     assert h100["layout"]["recompute_modules"] == "core_attn,layernorm,moe,moe_act"  # as its recipe ran it
     assert all("hybrid (Mamba)" in evaluate_modern_run(r).groups for r in rows)

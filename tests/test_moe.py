@@ -386,7 +386,8 @@ def test_expert_gemms_are_issued_one_per_local_expert():
 
 def test_a_stack_with_one_grouped_kernel_issues_no_per_expert_calls():
     """torchtitan runs the local experts as one torch._grouped_mm (stacks/torchtitan.json per_expert_gemm_calls
-    false): its expert linears carry no per-expert calls, so the grouped GEMM takes its kernel time only; on the
+    false): its expert linears carry no per-expert calls, so the grouped GEMM takes its kernel time only, read on
+    the efficiency curve at the whole kernel's work (compute._grouped); on the
     issue-bound Qwen3-30B-A3B layer (H100 fp8, 8 local experts at micro-batch 1) Megatron-Core's step is longer
     (1.31x at the current release's 95 us, 2026-12-05), on a dense model the two settings give the same step; the
     plan JSON keeps the setting."""
@@ -401,7 +402,15 @@ def test_a_stack_with_one_grouped_kernel_issues_no_per_expert_calls():
     grouped = cfg.with_(per_expert_gemm_calls=False)
     assert not any(np.any(o.expert_calls) for o in layer_ops(model, grouped, MOE_LAYER))
     bare = replace(h100, gpu=replace(h100.gpu, expert_gemm_call_s=()))
-    assert estimate(model, h100, grouped).step_time_s == pytest.approx(estimate(model, bare, cfg).step_time_s)
+    # one kernel over all local experts is read on the efficiency curve at its whole work, so it runs at least as
+    # fast as the same GEMMs issued one by one with no issue time (2.5% faster here: 8 experts of 2 x 4096 x 2048 x
+    # 1536 in fp8 each, ~13 us of tensor-core work, against their ~100 us sum)
+    t_grouped, t_bare = estimate(model, h100, grouped).step_time_s, estimate(model, bare, cfg).step_time_s
+    assert 0.95 * t_bare < t_grouped < t_bare
+    ops = {o.name: o for o in layer_ops(model, grouped, MOE_LAYER)}
+    assert float(ops["experts_in"].gemm_flops) == pytest.approx(float(ops["experts_in"].flops))
+    per_call = {o.name: o for o in layer_ops(model, cfg, MOE_LAYER)}
+    assert float(per_call["experts_in"].gemm_flops) == pytest.approx(float(per_call["experts_in"].flops) / 8)
     assert estimate(model, h100, cfg).step_time_s > 1.2 * estimate(model, h100, grouped).step_time_s
     dense = load_model("llama-3.1-8b")
     d = RunConfig(num_gpus=8, global_batch_size=64, seq_len=4096, precision="fp8")

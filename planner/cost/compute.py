@@ -106,6 +106,18 @@ def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "", expe
                   expert_calls=expert_calls), cast]
 
 
+def _grouped(op: Op, per_expert_calls) -> Op:
+    """An expert GEMM op sized for its efficiency as the stack launches it: one GEMM per local expert where the
+    stack issues them one by one (Transformer Engine's GroupedLinear in Megatron-Core: each expert's GEMM its own
+    cuBLAS call, so the curve is read at one expert's GEMM), the whole grouped problem where one kernel runs all
+    local experts (torchtitan's torch._grouped_mm, torchtitan/models/common/moe.py GroupedExperts._grouped_mm: its
+    tiles fill the GPU together and its launch and tail are paid once, so the curve is read at the kernel's total
+    work, as for any one GEMM of that duration). Memory-bound ops pass unchanged."""
+    if op.kind != "gemm":
+        return op
+    return replace(op, gemm_flops=np.where(per_expert_calls, op.gemm_flops, op.flops))
+
+
 def sp_degree(cfg: Config):
     """The degree activations outside the TP regions are split by: TP with sequence parallelism, else 1."""
     return np.where(cfg.sequence_parallel, cfg.tp, 1)
@@ -198,16 +210,18 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         # with balanced routing, the k copies of its expert-TP group's tokens (T etp / tp with SP: the group's
         # sequence shards; T without SP, where TP ranks hold the same tokens and expert TP = TP) spread over its
         # E/ep local experts, and runs them as a grouped GEMM of E/ep GEMMs of m_e = T k ep / E x etp / tp tokens
-        # each (the size that sets the GEMM efficiency), each expert's matrices split over the etp ranks
+        # each, each expert's matrices split over the etp ranks
         etp = cfg.expert_tp
         local = model.num_experts / cfg.ep
         m_e = T * k / local * expert_tp_token_share(cfg)
         # host calls of the grouped GEMM: one per local expert where the stack loops over them
         # (RunConfig.per_expert_gemm_calls), none that can bind where one grouped kernel runs them all
-        calls = np.where(np.asarray(cfg.per_expert_gemm_calls, dtype=bool), local, 0.0)
-        ops += _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe",
-                       expert_calls=calls)
-        ops += _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", expert_calls=calls)
+        per_expert = np.asarray(cfg.per_expert_gemm_calls, dtype=bool)
+        calls = np.where(per_expert, local, 0.0)
+        ops += [_grouped(op, per_expert) for op in
+                _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe",
+                        expert_calls=calls)
+                + _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", expert_calls=calls)]
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
             ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg, module="moe")
