@@ -206,9 +206,9 @@ def test_list_launchers_names_the_releases_the_conformance_check_installs():
 def test_the_accuracy_line_reads_for_both_kinds_of_band():
     from planner.cli.render import accuracy_line
 
-    same = {"same_kind_of_run": True, "group": "H100 / H800, fp8, dense", "rows": 4, "mean_abs_error": 0.019}
-    assert accuracy_line(same) == ("model accuracy on published runs like this one (H100 / H800, fp8, dense, "
+    same = {"same_kind_of_run": True, "group": "H100 / H200 / H800, fp8, dense", "rows": 4, "mean_abs_error": 0.019}
+    assert accuracy_line(same) == ("model accuracy on published runs like this one (H100 / H200 / H800, fp8, dense, "
                                    "4 rows): ±1.9% mean error in throughput")
     assert accuracy_line({**same, "same_kind_of_run": False}).startswith(
-        "model accuracy on the nearest published runs (H100 / H800, fp8, dense, 4 rows)")
+        "model accuracy on the nearest published runs (H100 / H200 / H800, fp8, dense, 4 rows)")
     assert accuracy_line(None) == ""

@@ -25,7 +25,7 @@ BANDS_FILE = Path(__file__).with_name("error_bands.json")
 
 @dataclass(frozen=True)
 class Band:
-    label: str  # which rows: e.g. "H100 / H800, fp8, dense"
+    label: str  # which rows: e.g. "H100 / H200 / H800, fp8, dense"
     mean_abs_error: float
     rows: int
     exact: bool  # the estimate's own cell (False: a coarser one, or none of this GPU)
@@ -37,8 +37,8 @@ class Band:
 
 def gpu_family(gpu_name: str) -> str | None:
     name = gpu_name.upper()
-    for key, family in (("A100", "A100"), ("H100", "H100 / H800"), ("H200", "H100 / H800"),
-                        ("H800", "H100 / H800"), ("GB200", "B200"), ("B200", "B200")):
+    for key, family in (("A100", "A100"), ("H100", "H100 / H200 / H800"), ("H200", "H100 / H200 / H800"),
+                        ("H800", "H100 / H200 / H800"), ("GB200", "B200"), ("B200", "B200")):
         if key in name:
             return family
     return None
