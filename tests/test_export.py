@@ -45,7 +45,7 @@ MEGATRON_FLAGS = {
     "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--moe-grouped-gemm",
     "--moe-layer-freq", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--bf16", "--fp16",
     "--fp8-format", "--fp8-recipe", "--grad-reduce-in-bf16", "--ckpt-format", "--cross-entropy-loss-fusion",
-    "--cpu-offloading-num-layers",
+    "--cpu-offloading-num-layers", "--use-precision-aware-optimizer", "--exp-avg-dtype", "--exp-avg-sq-dtype",
     # ModelParallelConfig / TransformerConfig fields arguments.py turns into flags (ArgumentGroupFactory): hybrid CP
     "--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "--calculate-per-token-loss", "--dataloader-type",
 }
@@ -346,7 +346,9 @@ BRIDGE_PATHS = {
     "ddp.overlap_grad_reduce", "ddp.overlap_param_gather", "ddp.grad_reduce_in_fp32", "ddp.use_megatron_fsdp",
     "ddp.num_distributed_optimizer_instances",
     "ddp.data_parallel_sharding_strategy", "checkpoint.ckpt_format", "mixed_precision",
-    "model.cross_entropy_loss_fusion", "model.cpu_offloading", "model.cpu_offloading_num_layers"}
+    "model.cross_entropy_loss_fusion", "model.cpu_offloading", "model.cpu_offloading_num_layers",
+    # megatron.core.optimizer.OptimizerConfig, as Megatron-Bridge's perf_recipes/deepseek/common.py sets it
+    "optimizer.use_precision_aware_optimizer"}
 #: Megatron-Bridge mixed-precision presets the export may name (megatron/bridge/training/mixed_precision.py)
 BRIDGE_PRECISIONS = {"bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed"}
 BRIDGE_OVERLAP = {"tp_comm_overlap", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute"}
@@ -756,3 +758,34 @@ def test_megatron_export_writes_the_sliding_windows_the_plan_costs():
     plan = json.loads(json.dumps({"schema_version": "1.0", "model": maverick.name, "cluster": "h100-80gb-sxm",
                                   **config_fields(maverick, cfg), "model_spec": asdict(maverick)}))
     assert "--moe-router-pre-softmax" in _model_args(read_plan(plan))
+
+
+def test_bf16_adam_moments_are_exported_where_megatron_core_runs_them(monkeypatch):
+    """--adam-moments bf16 (Megatron-Core's precision-aware optimizer): Megatron-LM gets
+    --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 (megatron/training/arguments.py),
+    Megatron-Bridge the OptimizerConfig fields with torch.bfloat16; torchtitan and DeepSpeed refuse it in one line."""
+    import sys
+    import types
+
+    plan = make_plan("llama-3.1-8b", "h100-80gb-sxm", num_gpus=8, global_batch_size=16, seq_len=4096,
+                     adam_moment_bytes=2)
+    assert plan["options"]["adam_moment_bytes"] == 2
+    kv = pairs(megatron.arguments(plan))
+    assert "--use-precision-aware-optimizer" in kv and kv["--exp-avg-dtype"] == kv["--exp-avg-sq-dtype"] == "bf16"
+    assert set(kv) <= MEGATRON_FLAGS
+    over, _, _, ns = nemo_parts(emit(plan, "nemo"))
+    assert over["optimizer.use_precision_aware_optimizer"] is True
+    fake_torch = types.SimpleNamespace(bfloat16="torch.bfloat16")
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    try:
+        cfg = ns["apply_plan"](fake_config())
+    finally:
+        ns["_restore"]()
+    assert cfg.optimizer.exp_avg_dtype == cfg.optimizer.exp_avg_sq_dtype == "torch.bfloat16"
+    for target in ("torchtitan", "deepspeed"):
+        with pytest.raises(PlannerError, match="Adam moments in bf16"):
+            emit(plan, target)
+    plain = make_plan("llama-3.1-8b", "h100-80gb-sxm", num_gpus=8, global_batch_size=16, seq_len=4096)
+    assert "adam_moment_bytes" not in plain["options"]
+    assert "--use-precision-aware-optimizer" not in megatron.arguments(plain)

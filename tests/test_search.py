@@ -97,10 +97,10 @@ IDS.append("mixtral-16gpu-two-dispatchers")
 
 
 #: fp8 with bf16 weights and Transformer Engine's quantized copies beside them (held below ZeRO-3, not under it):
-#: the memory bound's per-ZeRO-stage weight bytes
+#: the memory bound's per-ZeRO-stage weight bytes; bf16 Adam moments (the optimizer's states and step)
 CASES.append((small_gpt(layers=12, hidden=1024, heads=8), H100, 8, 16, 4096,
               SearchSpace(schedules=("1f1b", "interleaved-1f1b"), cp_kinds=("ring",), zero_stages=(0, 1, 3),
-                          precision="fp8", fp8_param_gather=False)))
+                          precision="fp8", fp8_param_gather=False, adam_moment_bytes=2)))
 IDS.append("gpt-12L-8gpu-fp8-weight-copies")
 
 

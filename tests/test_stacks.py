@@ -208,3 +208,36 @@ def test_gradients_are_held_in_the_reduction_dtype_where_the_stack_accumulates_t
     mem = {(b, g): estimate(model, h100, base.with_(grad_reduce_bytes=b, grads_in_reduce_dtype=g)).stages[0]
            .memory_bytes["gradients"] for b in (2, 4) for g in (True, False)}
     assert mem[(4, True)] == pytest.approx(2 * mem[(2, True)]) and mem[(4, False)] == mem[(2, True)] == mem[(2, False)]
+
+
+def test_bf16_adam_moments_save_a_third_of_the_optimizer_states_and_only_megatron_core_runs_them():
+    """Mixed-precision Adam keeps fp32 master weights and two moments: 4 + 2 x 4 = 12 bytes per parameter, 4 + 2 x 2 =
+    8 with bf16 moments (Megatron-Core's precision-aware optimizer; the DeepSeek-V3 report, Sec. 3.3.2); the step's
+    moment traffic halves (42 -> 34 bytes per parameter). Only the stacks whose runs list it take --adam-moments
+    bf16; estimate and plan refuse it elsewhere in one line naming the option."""
+    from planner.cost.data_parallel import optimizer_step_s
+    from planner.cost.memory import optimizer_state_bytes
+    from planner.cost.step import estimate
+    from planner.specs.config import RunConfig
+    from planner.specs.hardware import load_cluster
+    from planner.specs.model import load_model
+
+    assert optimizer_state_bytes(4) == 12 and optimizer_state_bytes(2) == 8
+    h100 = load_cluster("h100-80gb-sxm")
+    assert optimizer_step_s(1e9, h100.gpu, 2) / optimizer_step_s(1e9, h100.gpu, 4) == pytest.approx(34 / 42)
+    model = load_model("llama-3.1-8b")
+    cfg = RunConfig(num_gpus=8, seq_len=4096, global_batch_size=16, zero_stage=1)
+    fp32, bf16 = (estimate(model, h100, cfg.with_(adam_moment_bytes=b)) for b in (4, 2))
+    assert fp32.stages[0].memory_bytes["optimizer"] == pytest.approx(1.5 * bf16.stages[0].memory_bytes["optimizer"])
+    assert load_stack("megatron-core").adam_moments == ("fp32", "bf16") and load_stack("torchtitan").adam_moments == \
+        ("fp32",)
+    base = ["--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8", "--global-batch", "16",
+            "--seq-len", "4096"]
+    for command in ("estimate", "plan"):
+        r = runner.invoke(app, [command, *base, "--stack", "torchtitan", "--adam-moments", "bf16"])
+        assert r.exit_code == 2 and "--adam-moments" in r.output and "torchtitan" in r.output
+        bad = runner.invoke(app, [command, *base, "--adam-moments", "fp16"])
+        assert bad.exit_code == 2 and "--adam-moments" in bad.output
+    r = runner.invoke(app, ["plan", *base, "--adam-moments", "bf16", "--json", "--top", "0"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["options"]["adam_moment_bytes"] == 2

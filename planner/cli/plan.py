@@ -17,7 +17,7 @@ from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_L
 from planner.errors import PlannerError
 from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search_plans
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS
-from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
+from planner.specs.stack import ANY_STACK, DEFAULT_STACK, adam_moment_bytes, load_stack, stack_name_for
 from planner.validation.bands import band_for
 from planner.specs.hardware import check_attention_kernel, load_cluster
 from planner.specs.model import load_model
@@ -136,6 +136,9 @@ def plan(
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
+    adam_moments: str = typer.Option("fp32", "--adam-moments",
+                                     help="Dtype of Adam's two moments: fp32 | bf16 (Megatron-Core's precision-aware "
+                                          "optimizer; the run's choice, not searched)"),
     recompute_modules: str = typer.Option(DEFAULT_RECOMPUTE_MODULES, "--recompute-modules",
                                           help="What selective recomputation redoes (Megatron-Core "
                                                "--recompute-modules; comma list, not searched)"),
@@ -184,6 +187,7 @@ def plan(
         given = [name for name, on in (("--stack", stack is not None),
                                        ("--attention-kernel", attention_kernel is not None),
                                        ("--ep-dispatcher", ep_dispatcher is not None), ("--objective", objective != "time"),
+                                       ("--adam-moments", adam_moments != "fp32"),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
                                        ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
@@ -204,6 +208,7 @@ def plan(
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     if ep_dispatcher is not None:
         choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
+    moment_bytes = adam_moment_bytes(adam_moments, run_stack)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
     if packed:
         from planner.cost.variable_length import packed_attention_cv
@@ -226,12 +231,13 @@ def plan(
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
                                      recompute_modules=modules, constraints=cons, packed_doc_len=packed,
                                      packed_attention_cv=packed_cv, offload_modules=offload_modules,
-                                     attention_kernel=attention_kernel, ep_dispatcher=ep_dispatcher)
+                                     attention_kernel=attention_kernel, ep_dispatcher=ep_dispatcher,
+                                     adam_moment_bytes=moment_bytes)
         from planner.search.space import SearchSpace
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
                             packed_attention_cv=packed_cv, offload_modules=offload_modules,
-                            attention_kernel=attention_kernel or "",
+                            attention_kernel=attention_kernel or "", adam_moment_bytes=moment_bytes,
                             **({"ep_dispatchers": (ep_dispatcher,)} if ep_dispatcher else {}))
         if cons is not None:
             space = cons.narrow([space], "the search")[0]

@@ -36,6 +36,8 @@ from planner.specs.hardware import GPU, Cluster
 #: (8 B); fused Adam reads master weight, gradient, m and v (16 B) and writes master, m and v (12 B); the copy
 #: of the master weights into the bf16 model weights reads 4 B and writes 2 B.
 ADAM_BYTES_PER_PARAM = 8 + 16 + 12 + 6
+#: of those, the two moments' reads and writes at 4 B each (m and v, read and written once)
+ADAM_MOMENT_ACCESSES = 4
 
 
 def exposed_s(comm_s, window_s, interference: float):
@@ -219,7 +221,8 @@ def dp_exposed_s(c: DPCollectives, zero_stage, fwd_s, bwd_s, recompute_s, num_mi
     return np.where(zero == 3, z3, z012)
 
 
-def optimizer_step_s(local_params, gpu: GPU):
+def optimizer_step_s(local_params, gpu: GPU, adam_moment_bytes=4):
     """Adam over the parameters this GPU updates, memory-bound: ``ADAM_BYTES_PER_PARAM`` bytes each over HBM at the
-    memory-bound kernels' efficiency."""
-    return local_params * ADAM_BYTES_PER_PARAM / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)
+    memory-bound kernels' efficiency, the moments' four accesses at ``adam_moment_bytes`` (bf16 moments: 34 B)."""
+    per_param = ADAM_BYTES_PER_PARAM + ADAM_MOMENT_ACCESSES * (np.asarray(adam_moment_bytes) - 4)
+    return local_params * per_param / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)

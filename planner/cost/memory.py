@@ -23,6 +23,7 @@ from planner.specs.model import DENSE_LAYER, MOE_LAYER, LayerKind, ModelSpec
 WEIGHT_BYTES = 2  # bf16 weights
 GRAD_BYTES = 2  # bf16 gradients (ZeRO paper's 2 + 2 + 12)
 OPTIMIZER_BYTES = 12  # fp32 master weights + Adam's two moments
+MASTER_WEIGHT_BYTES = 4  # fp32 master weights
 LOGIT_BYTES = 4
 
 
@@ -407,13 +408,14 @@ def zero_sharded_params(dense, expert, zero_stage, dp_shard, expert_dp_shard, st
 
 def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
                       linear_weight_bytes=WEIGHT_BYTES, gathered_weight_bytes=None,
-                      grad_bytes=GRAD_BYTES) -> dict[str, np.ndarray]:
+                      grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
 
     Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers). The decoder
     layers' weights take ``linear_weight_bytes`` per element as held (:func:`held_linear_weight_bytes`; their norms
     and biases, under 1%, with them) and ``gathered_weight_bytes`` (default: the same) as gathered for use, the
-    embedding and LM head (``p.ends``) bf16's 2; gradients ``grad_bytes`` per element (:func:`held_grad_bytes`).
+    embedding and LM head (``p.ends``) bf16's 2; gradients ``grad_bytes`` per element (:func:`held_grad_bytes`), the
+    optimizer's states ``optimizer_bytes`` (:func:`optimizer_state_bytes`).
     """
     zero_stage, dp_shard = np.asarray(zero_stage), np.asarray(dp_shard)
     gathered_b = linear_weight_bytes if gathered_weight_bytes is None else gathered_weight_bytes
@@ -425,7 +427,14 @@ def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
     weights = (held("weights") - ends) * linear_weight_bytes + ends * WEIGHT_BYTES
     gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * gathered_b, 0.0)
     return {"weights": weights + gathered, "gradients": held("gradients") * grad_bytes,
-            "optimizer": held("optimizer") * OPTIMIZER_BYTES}
+            "optimizer": held("optimizer") * optimizer_bytes}
+
+
+def optimizer_state_bytes(adam_moment_bytes=4):
+    """Bytes per parameter of mixed-precision Adam's states: fp32 master weights and the two moments at
+    ``adam_moment_bytes`` each (the ZeRO paper's 12 in fp32; 8 with bf16 moments, Megatron-Core's precision-aware
+    optimizer, megatron/core/optimizer/optimizer_config.py exp_avg_dtype / exp_avg_sq_dtype)."""
+    return MASTER_WEIGHT_BYTES + 2 * np.asarray(adam_moment_bytes)
 
 
 def held_grad_bytes(grad_reduce_bytes, grads_in_reduce_dtype=True):

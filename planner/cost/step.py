@@ -22,6 +22,7 @@ from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp
                                         optimizer_step_s, packed_wait_s)
 from planner.cost.memory import (WEIGHT_BYTES, StageParams, activation_bytes_per_layer, embedding_activation_bytes,
                                  gathered_weight_bytes, held_grad_bytes, held_linear_weight_bytes,
+                                 optimizer_state_bytes,
                                  offloaded_bytes_per_layer, vision_projector_activation_bytes,
                                  end_params_on_gpu, gathered_layer_params, head_activation_bytes, layer_params_on_gpu,
                                  model_state_bytes, mtp_projection_activation_bytes, zero_sharded_params)
@@ -736,7 +737,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     in_use_b = gathered_weight_bytes(cfg.precision, cfg.fp8_param_gather, gpu.fp8_gemm_tn_only, cfg.te_quantized_weights)
     states = model_state_bytes(StageParams(dense_p, expert_p, largest, rank["end_params"]), cfg.zero_stage, dp_shard,
                                expert_dp_shard, weight_b, in_use_b,
-                               held_grad_bytes(cfg.grad_reduce_bytes, cfg.grads_in_reduce_dtype))
+                               held_grad_bytes(cfg.grad_reduce_bytes, cfg.grads_in_reduce_dtype),
+                               optimizer_state_bytes(cfg.adam_moment_bytes))
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
     dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, copies, p, cfg.dp_shard)
     units = np.asarray(layers, dtype=float)[chunks].sum(axis=1)  # ZeRO-3 units: the rank's layers
@@ -752,7 +754,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
                         sched.zero3_gathers_once_per_step, cfg.overlap_grad_reduce, cfg.overlap_param_gather,
                         gpu.comm_overlap_interference)
     local = zero_sharded_params(dense_p, expert_p, cfg.zero_stage, dp_shard, expert_dp_shard, "optimizer")
-    t_opt = np.broadcast_to(optimizer_step_s(local, gpu), (p,))
+    t_opt = np.broadcast_to(optimizer_step_s(local, gpu, cfg.adam_moment_bytes), (p,))
     t_dp = np.broadcast_to(t_dp, (p,))
     dp_exposed, opt_s = flushes * float(np.max(t_dp)), float(np.max(t_opt))
     # packed variable-length documents: the ranks wait for the one with the most attention work (the busiest

@@ -97,7 +97,8 @@ def refuse_pipeline_flushes(launcher: str, cfg: RunConfig) -> None:
 def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_runs: bool = False) -> None:
     """Refuse what only Megatron Core runs (for the launchers that are not Megatron Core): CPU activation
     offloading, the batch-level overlap of the MoE all-to-alls (unless the caller runs it its own way:
-    ``ep_comm_overlap_runs``, torchtitan's DualPipeV) and the flex dispatcher's DeepEP / HybridEP backends."""
+    ``ep_comm_overlap_runs``, torchtitan's DualPipeV), bf16 Adam moments and the flex dispatcher's DeepEP /
+    HybridEP backends."""
     if cfg.offload_layers:
         raise unsupported(launcher, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
                                     "cpu_offloading_num_layers)", "export to megatron / nemo")
@@ -107,6 +108,10 @@ def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_
     if cfg.ep_comm_overlap and not ep_comm_overlap_runs:
         raise unsupported(launcher, "batch-level overlap of the MoE all-to-alls (Megatron-Core's "
                                     "--overlap-moe-expert-parallel-comm)", "export to megatron / nemo")
+    if cfg.adam_moment_bytes != 4:
+        raise unsupported(launcher, "Adam moments in bf16 (Megatron-Core's precision-aware optimizer, "
+                                    "--exp-avg-dtype / --exp-avg-sq-dtype bf16)",
+                          "plan with --adam-moments fp32, or export to megatron / nemo")
     if cfg.ep_dispatcher != "alltoall" and cfg.ep > 1:
         raise unsupported(launcher, f"the {cfg.ep_dispatcher} token dispatcher (Megatron-Core's flex dispatcher; "
                                     f"the {launcher} config this exporter writes dispatches with all-to-all)",

@@ -295,6 +295,8 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
         args.append("--accumulate-allreduce-grads-in-fp32")
     elif cfg.precision != "fp16":  # with --bf16 Megatron reduces in fp32 unless told otherwise
         args.append("--grad-reduce-in-bf16")
+    if cfg.adam_moment_bytes == 2:  # the precision-aware optimizer keeps Adam's moments in bf16
+        args += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     if cfg.fused_cross_entropy:  # off by default in Megatron-LM: the plan was costed with the fused loss
         args.append("--cross-entropy-loss-fusion")
     if fp8_param_gather(cfg):  # validate_args: only with the distributed optimizer or FSDP

@@ -96,6 +96,8 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
                 "ddp.overlap_grad_reduce": cfg.overlap_grad_reduce,
                 "ddp.overlap_param_gather": bool(cfg.overlap_param_gather and cfg.zero_stage == 1),
                 "ddp.grad_reduce_in_fp32": cfg.grad_reduce_bytes == 4})
+    if cfg.adam_moment_bytes == 2:  # OptimizerConfig: the precision-aware optimizer with bf16 moments (OPTIMIZER_DTYPES)
+        out["optimizer.use_precision_aware_optimizer"] = True
     if fsdp:  # ConfigContainer: "Megatron-FSDP requires the fsdp_dtensor checkpointing format"
         out.update({"ddp.use_megatron_fsdp": True, "ddp.data_parallel_sharding_strategy": FSDP_SHARDING[cfg.zero_stage],
                     "checkpoint.ckpt_format": "fsdp_dtensor"})
@@ -137,6 +139,15 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
     return out
 
 
+def optimizer_dtypes(plan: Any, source: str = "<plan>") -> dict[str, str]:
+    """OptimizerConfig fields that take a torch dtype, by name (``torch.<name>``, set by ``apply_plan``): Adam's
+    moments in bf16 where the plan keeps them so (Megatron-Bridge's tuned DeepSeek-V3 recipes set the same,
+    perf_recipes/deepseek/common.py)."""
+    cfg = read_plan(plan, source).cfg
+    return {"optimizer.exp_avg_dtype": "bfloat16", "optimizer.exp_avg_sq_dtype": "bfloat16"} \
+        if cfg.adam_moment_bytes == 2 else {}
+
+
 def _dict_block(name: str, d: dict[str, Any]) -> list[str]:
     return [f"{name} = {{"] + [f"    {k!r}: {v!r}," for k, v in d.items()] + ["}"]
 
@@ -155,7 +166,9 @@ def render(plan: Any, source: str = "<plan>") -> str:
     lines += ["# megatron.bridge.training.comm_overlap.CommOverlapConfig(**COMM_OVERLAP)"]
     lines += _dict_block("COMM_OVERLAP", overlap) + [""]
     lines += ["# what Megatron Core's checks need of this plan (None: unset)"]
-    lines += _dict_block("ENVIRONMENT", env) + ["", ""]
+    lines += _dict_block("ENVIRONMENT", env) + [""]
+    lines += ["# dotted paths set to getattr(torch, value)"]
+    lines += _dict_block("OPTIMIZER_DTYPES", optimizer_dtypes(plan, source)) + ["", ""]
     lines += ["def apply_plan(cfg):",
               '    """Set the plan on a Megatron-Bridge ConfigContainer (and the process environment); return it."""',
               "    from megatron.bridge.training.comm_overlap import CommOverlapConfig",
@@ -171,6 +184,15 @@ def render(plan: Any, source: str = "<plan>") -> str:
               "        for name in parents:",
               "            node = getattr(node, name)",
               "        setattr(node, leaf, value)",
+              "    if OPTIMIZER_DTYPES:",
+              "        import torch",
+              "",
+              "        for path, value in OPTIMIZER_DTYPES.items():",
+              "            *parents, leaf = path.split('.')",
+              "            node = cfg",
+              "            for name in parents:",
+              "                node = getattr(node, name)",
+              "            setattr(node, leaf, getattr(torch, value))",
               "    cfg.comm_overlap = CommOverlapConfig(**COMM_OVERLAP)",
               "    return cfg", ""]
     return "\n".join(lines)

@@ -119,12 +119,12 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                       stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES,
                       constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "",
                       packed_attention_cv: float = 0.0, attention_kernel: str | None = None,
-                      ep_dispatcher: str | None = None) -> Any:
+                      ep_dispatcher: str | None = None, adam_moment_bytes: int = 4) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
     when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``);
     ``attention_kernel`` overrides the stack's kernel (``--attention-kernel``), ``ep_dispatcher`` its MoE token
-    dispatcher (``--ep-dispatcher``)."""
+    dispatcher (``--ep-dispatcher``); ``adam_moment_bytes`` the request's Adam moments (``--adam-moments``)."""
     from planner.export import target_module
     from planner.plan import search_plans
     from planner.search.engine import objective_key
@@ -157,6 +157,8 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
         spaces = [replace(s, attention_kernel=attention_kernel) for s in spaces]
     if ep_dispatcher is not None:
         spaces = [replace(s, ep_dispatchers=(ep_dispatcher,)) for s in spaces]
+    if adam_moment_bytes != 4:
+        spaces = [replace(s, adam_moment_bytes=adam_moment_bytes) for s in spaces]
     found = []
     reasons = []
     fixes = []

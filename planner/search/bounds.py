@@ -44,7 +44,7 @@ from planner.cost.data_parallel import (dp_collectives, dp_exposed_s, dp_groups,
                                        expert_shard_degree, exposed_s, gathered_linear_weight_bytes, hsdp_groups,
                                        optimizer_step_s)
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, gathered_weight_bytes,
-                                 held_grad_bytes, held_linear_weight_bytes, layer_params_on_gpu, model_state_bytes,
+                                 held_grad_bytes, held_linear_weight_bytes, optimizer_state_bytes, layer_params_on_gpu, model_state_bytes,
                                  zero_sharded_params)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
@@ -158,6 +158,7 @@ class GroupTables:
     linear_weight_bytes: np.ndarray
     gathered_weight_bytes: float
     grad_bytes: np.ndarray  # per group, bytes per element of the gradients held (``memory.held_grad_bytes``)
+    optimizer_bytes: float  # bytes per parameter of the optimizer's states (``memory.optimizer_state_bytes``)
     layer_s: np.ndarray  # (groups, 3 kinds): one layer of each kind's F, B, W (incl. exposed comm)
     ends_s: np.ndarray  # (groups, 5): embedding F, embedding W (its backward), LM head F, B, W
     p2p_s: np.ndarray  # one pipeline send (0 without PP)
@@ -255,7 +256,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         embedding_params=emb_p, head_params=head_p,
         dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies,
         kind_index=kind_index, memory_class=mem_class,
-        optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu)),
+        optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu, space.fixed.adam_moment_bytes)),
+        optimizer_bytes=float(optimizer_state_bytes(space.fixed.adam_moment_bytes)),
         linear_weight_bytes=held_linear_weight_bytes(fixed.precision, fixed.fp8_param_gather, tn_only,
                                                      fixed.te_quantized_weights, np.arange(4)),
         gathered_weight_bytes=float(gathered_weight_bytes(fixed.precision, fixed.fp8_param_gather, tn_only,
@@ -649,7 +651,8 @@ def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.
     largest = np.maximum(largest, np.where(n_layers > n_moe, t.largest_layer_params[g, 0], 0.0))
     dp_shard, edp_shard = shards if shards is not None else (t.dp_shard[g], t.expert_dp_shard[g])
     states = model_state_bytes(StageParams(dense, expert, largest, extra_dense), zero, dp_shard, edp_shard,
-                               t.linear_weight_bytes[zero], t.gathered_weight_bytes, t.grad_bytes[g])
+                               t.linear_weight_bytes[zero], t.gathered_weight_bytes, t.grad_bytes[g],
+                               t.optimizer_bytes)
     return states["weights"] + states["gradients"] + states["optimizer"]
 
 

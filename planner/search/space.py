@@ -83,6 +83,8 @@ class SearchSpace:
     te_quantized_weights: bool = True
     #: gradients held in the reduction's dtype (config.RunConfig.grads_in_reduce_dtype: the stack's)
     grads_in_reduce_dtype: bool = True
+    #: bytes of each Adam moment (config.RunConfig.adam_moment_bytes: the request's, not searched)
+    adam_moment_bytes: int = 4
     #: selective "core_attn" re-runs the fused attention (config.RunConfig.recompute_fused_attention: the stack's)
     recompute_fused_attention: bool = True
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)

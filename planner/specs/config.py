@@ -78,6 +78,11 @@ CP_KINDS = ("ring", "ulysses")
 #: Transformer Engine's fp8 recipes run them): bf16 | fp16 | fp8 (Hopper / Ada / MI300 tensor cores, per-tensor
 #: scaling) | mxfp8 (Blackwell block-scaled fp8)
 PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
+#: dtypes of Adam's two moments (``--adam-moments``) and their bytes per element: fp32, or bf16 as Megatron-Core's
+#: precision-aware optimizer keeps them (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype
+#: bf16, megatron/core/optimizer/optimizer_config.py; Megatron-Bridge's tuned DeepSeek-V3 recipes,
+#: perf_recipes/deepseek/common.py) and the DeepSeek-V3 report does (Sec. 3.3.2)
+ADAM_MOMENT_DTYPES = {"fp32": 4, "bf16": 2}
 
 
 def per_precision(precision, values, default: float) -> np.ndarray:
@@ -138,6 +143,9 @@ class RunConfig:
     #: enable_fsdp_float8_all_gather): 1 byte per element with per-tensor fp8; mxfp8 weights are gathered in bf16
     #: and cast after (Megatron's reuse_grad_buf_for_mxfp8_param_ag), so only ``precision`` "fp8" gathers fewer bytes
     fp8_param_gather: bool = False
+    #: bytes per element of each of Adam's two moments (:data:`ADAM_MOMENT_DTYPES`): 4 in fp32, 2 in bf16; the fp32
+    #: master weights stay 4
+    adam_moment_bytes: int = 4
     #: the fp8 / mxfp8 linear layers hold their weights as Transformer Engine modules under Megatron-Core do
     #: (``memory.held_linear_weight_bytes``): with ``fp8_param_gather`` as quantized tensors instead of bf16
     #: (fp8_model_init), without it bf16 plus a quantized copy kept across the micro-batches of a step (TE's weight
@@ -248,7 +256,7 @@ class RunConfig:
 #: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
-                "grads_in_reduce_dtype", "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
+                "grads_in_reduce_dtype", "adam_moment_bytes", "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
                 "offload_modules", "overlap_p2p_comm")
 
 
@@ -263,6 +271,7 @@ class FixedOptions:
     fp8_param_gather: bool = RunConfig.fp8_param_gather
     te_quantized_weights: bool = RunConfig.te_quantized_weights
     grads_in_reduce_dtype: bool = RunConfig.grads_in_reduce_dtype
+    adam_moment_bytes: int = RunConfig.adam_moment_bytes
     recompute_fused_attention: bool = RunConfig.recompute_fused_attention
     recompute_modules: str = RunConfig.recompute_modules
     packed_doc_len: float = RunConfig.packed_doc_len

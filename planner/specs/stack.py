@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.specs.config import CP_KINDS, EP_DISPATCHERS, ZERO_STAGES, RunConfig
+from planner.specs.config import ADAM_MOMENT_DTYPES, CP_KINDS, EP_DISPATCHERS, ZERO_STAGES, RunConfig
 from planner.specs.hardware import ATTENTION_KERNELS, LOW_PRECISIONS, US, Cluster, _per_precision
 from planner.specs.model import _data_dir, _resolve, read_json_file
 
@@ -80,6 +80,8 @@ class Stack:
     #: parameters with fp8_param_gather, else a quantized copy kept across micro-batches;
     #: ``options.te_quantized_weights``; absent: false, bf16 weights quantized per use)
     te_quantized_weights: bool = False
+    #: the Adam moment dtypes it runs (``runs.adam_moments``, names of ``config.ADAM_MOMENT_DTYPES``; absent: fp32)
+    adam_moments: tuple[str, ...] = ("fp32",)
     #: whether its gradient buffer has the reduction's dtype (``options.grads_in_reduce_dtype``; absent: true, as
     #: Megatron-Core's main_grad)
     grads_in_reduce_dtype: bool = True
@@ -130,6 +132,18 @@ class Stack:
         if "tp_comm_overlap" not in overrides or overrides["tp_comm_overlap"] is None:
             opts["tp_comm_overlap"] = opts["tp_comm_overlap"] and cfg.tp > 1 and cfg.sequence_parallel
         return cfg.with_(**opts)
+
+
+def adam_moment_bytes(name: str, stack: "Stack | None", option: str = "--adam-moments") -> int:
+    """The bytes of Adam's moments a ``--adam-moments`` value asks for, refused (one line naming the option and the
+    stack) where the stack does not run it; ``stack`` None: any the cost model knows (``--stack any``)."""
+    if name not in ADAM_MOMENT_DTYPES:
+        raise PlannerError(f"unknown Adam moment dtype '{name}'", source=option,
+                           fix=f"use one of: {', '.join(ADAM_MOMENT_DTYPES)}")
+    if stack is not None and name not in stack.adam_moments:
+        raise PlannerError(f"stack {stack.name} keeps Adam's moments in {', '.join(stack.adam_moments)} only",
+                           source=option, fix="drop it, or use --stack megatron-core (its precision-aware optimizer)")
+    return ADAM_MOMENT_DTYPES[name]
 
 
 def stacks_dir() -> Path:
@@ -228,6 +242,8 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
         te_quantized_weights=_bool(opts, "te_quantized_weights", source, "options", default=False),
         grads_in_reduce_dtype=_bool(opts, "grads_in_reduce_dtype", source, "options", default=True),
+        adam_moments=_list(runs, "adam_moments", tuple(ADAM_MOMENT_DTYPES), source) if runs.get("adam_moments")
+        else ("fp32",),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
         ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, ep_dispatcher_choices=dispatchers)
