@@ -112,7 +112,9 @@ def stack_rows() -> list[dict[str, Any]]:
         opts = [k for k in ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
                             "overlap_p2p_comm") if getattr(s, k)] + \
             [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"] + \
-            ([f"attention {s.attention_kernel}"] if s.attention_kernel and s.flash_attention else [])
+            ([f"attention {s.attention_kernel}"] if s.attention_kernel and s.flash_attention else []) + \
+            (["fp8 weights as Transformer Engine holds them"] if s.te_quantized_weights else []) + \
+            ([f"Adam moments {' or '.join(s.adam_moments)}"] if len(s.adam_moments) > 1 else [])
         return {"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
                 "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
                 "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
