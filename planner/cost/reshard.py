@@ -3,7 +3,7 @@ onto other GPUs (elastic re-planning: lost or added nodes), and the state no sur
 
 What survives a step and must move (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1: 2 + 2 + 12 bytes per parameter;
 gradients are rebuilt by the next step, so they do not move): the optimizer states, fp32 master weight and Adam's
-two moments (``memory.OPTIMIZER_BYTES``), on the GPUs ZeRO gives them to (every data-parallel replica at ZeRO-0,
+two moments (``memory.optimizer_state_bytes``: 12 bytes, 8 with bf16 moments), on the GPUs ZeRO gives them to (every data-parallel replica at ZeRO-0,
 one shard of the DP x CP group, or of HSDP's shard group, from ZeRO-1), and the bf16 weights
 (``memory.WEIGHT_BYTES``) on every GPU that computes with them (the TP shard; its ZeRO shard at ZeRO-3). A GPU
 rebuilds the bf16 weights its own master shard covers, so it receives only the weights neither its old holding nor
@@ -28,7 +28,7 @@ import numpy as np
 
 from planner.cost.data_parallel import expert_shard_degree
 from planner.cost.memory import (OPTIMIZER_BYTES, WEIGHT_BYTES, embedding_params, end_params_on_gpu,
-                                 expert_params_per_layer, layer_params, mtp_params)
+                                 expert_params_per_layer, layer_params, mtp_params, optimizer_state_bytes)
 from planner.cost.schedule import get_schedule
 from planner.cost.step import stage_layers
 from planner.specs.config import RunConfig
@@ -60,6 +60,8 @@ class StateLayout:
     expert_piece: np.ndarray  # (N,) (EP rank, expert-TP piece, expert-ZeRO shard) piece of the optimizer state
     stage_of_unit: np.ndarray  # (U,) pipeline stage (model chunk) of each dense unit
     stage_of_moe: np.ndarray  # (L + 1,) stage of each MoE layer's experts (-1: not an MoE layer)
+    #: bytes per parameter of the optimizer's states (``memory.optimizer_state_bytes``: 12, 8 with bf16 moments)
+    optimizer_bytes: float = float(OPTIMIZER_BYTES)
 
 
 def state_layout(model: ModelSpec, cfg: RunConfig) -> StateLayout:
@@ -108,7 +110,8 @@ def state_layout(model: ModelSpec, cfg: RunConfig) -> StateLayout:
         dense_piece=piece, moe_held=moe_held, moe_weight=moe_weight,
         expert_params=experts_all / model.num_experts if model.is_moe else 0.0, e_first=ep_r * e_count,
         e_count=e_count, ew_lo=ew_lo, ew_hi=ew_hi, eo_lo=eo_lo, eo_hi=eo_hi, expert_piece=e_piece,
-        stage_of_unit=stage_of_unit, stage_of_moe=stage_of_moe)
+        stage_of_unit=stage_of_unit, stage_of_moe=stage_of_moe,
+        optimizer_bytes=float(optimizer_state_bytes(cfg.adam_moment_bytes)))
 
 
 def _intervals(tp_rank, tp, shard_rank, shards, zero_stage):
@@ -195,7 +198,7 @@ def received_bytes(model: ModelSpec, a: StateLayout, b: StateLayout, old_gpus: n
                               (b.ew_lo, b.ew_hi, b.eo_lo, b.eo_hi),
                               tuple(col(x) for x in (a.ew_lo, a.ew_hi, a.eo_lo, a.eo_hi)))
         opt, w = opt + e_opt, w + e_w
-    return OPTIMIZER_BYTES * np.maximum(opt, 0.0), WEIGHT_BYTES * np.maximum(w, 0.0)
+    return b.optimizer_bytes * np.maximum(opt, 0.0), WEIGHT_BYTES * np.maximum(w, 0.0)
 
 
 def reshard(model: ModelSpec, old: RunConfig, new: RunConfig, survivors: np.ndarray, gpus_per_node: int,
@@ -287,4 +290,4 @@ def lost_optimizer_bytes(model: ModelSpec, a: StateLayout, survivors: np.ndarray
             cols = np.flatnonzero(a.stage_of_moe == s)
             lost += lost_share(a.moe_held[:, cols[0]], a.expert_piece) * a.moe_weight[cols].sum() * \
                 model.num_experts * a.expert_params
-    return OPTIMIZER_BYTES * lost
+    return a.optimizer_bytes * lost
