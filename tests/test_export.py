@@ -786,6 +786,11 @@ def test_bf16_adam_moments_are_exported_where_megatron_core_runs_them(monkeypatc
     for target in ("torchtitan", "deepspeed"):
         with pytest.raises(PlannerError, match="Adam moments in bf16"):
             emit(plan, target)
+    zero0 = make_plan("llama-3.1-8b", "h100-80gb-sxm", num_gpus=8, global_batch_size=16, seq_len=4096,
+                      adam_moment_bytes=2, zero_stage=0)
+    for target in ("megatron", "nemo"):  # megatron/core/optimizer/__init__.py: only with the distributed optimizer
+        with pytest.raises(PlannerError, match="distributed optimizer"):
+            emit(zero0, target)
     plain = make_plan("llama-3.1-8b", "h100-80gb-sxm", num_gpus=8, global_batch_size=16, seq_len=4096)
     assert "adam_moment_bytes" not in plain["options"]
     assert "--use-precision-aware-optimizer" not in megatron.arguments(plain)

@@ -62,6 +62,10 @@ def check_plan(view: PlanView) -> None:
         raise unsupported(LAUNCHER, f"ZeRO-{cfg.zero_stage} with pipeline parallelism (pp={cfg.pp}); Megatron "
                                     "FSDP does not combine with pipeline stages",
                           "plan with ZeRO-1 (--use-distributed-optimizer) or without pipeline parallelism")
+    if cfg.adam_moment_bytes != 4 and cfg.zero_stage == 0:  # megatron/core/optimizer/__init__.py: "only supported
+        # with distributed optimizer" (Megatron-FSDP v1 brings its own)
+        raise unsupported(LAUNCHER, "bf16 Adam moments without the distributed optimizer (Megatron-Core runs the "
+                                    "precision-aware optimizer only with it)", "plan with --zero 1, 2 or 3")
 
 
 def layout_string(layers: tuple[int, ...]) -> str:

@@ -157,8 +157,10 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
         spaces = [replace(s, attention_kernel=attention_kernel) for s in spaces]
     if ep_dispatcher is not None:
         spaces = [replace(s, ep_dispatchers=(ep_dispatcher,)) for s in spaces]
-    if adam_moment_bytes != 4:
-        spaces = [replace(s, adam_moment_bytes=adam_moment_bytes) for s in spaces]
+    if adam_moment_bytes != 4:  # Megatron-Core's precision-aware optimizer needs the distributed optimizer (ZeRO >= 1)
+        spaces = [replace(s, adam_moment_bytes=adam_moment_bytes,
+                          zero_stages=tuple(z for z in s.zero_stages if z >= 1 or target not in ("megatron", "nemo")))
+                  for s in spaces]
     found = []
     reasons = []
     fixes = []
