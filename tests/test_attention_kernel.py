@@ -137,7 +137,7 @@ def test_newer_cudnn_on_gb200_is_faster_than_the_fitted_release():
     h100 = attention_fit.fit("h100-80gb-sxm", "cuDNN").kernel
     k = attention_fit._scaled(attention_fit.fit_causal("b200-180gb", "cuDNN", h100).kernel,
                               attention_fit.peak_scale("gb200-nvl72", "b200-180gb"))
-    checks = [r for r in _rows() if r["profile"] == "gb200-nvl72"]
+    checks = [r for r in _rows() if r["profile"] == "gb200-nvl72" and not r.get("window")]
     assert len(checks) == 6 and all(r["use"] == "check" for r in checks)
     errors = np.concatenate([attention_fit.row_errors(k, r) for r in checks])
     assert errors.max() < -0.05 and errors.min() > -0.32
@@ -190,6 +190,27 @@ def test_sliding_window_layer_pays_for_its_tiles():
         [op] = [o for o in attention_ops(model, cfg, window) if o.name == "attention_core"]
         return op.flops / float(attention_time_s(op, gpu))
     assert rate(True) < 0.45 * rate(False)
+
+
+def test_short_sliding_windows_are_priced_slower_than_cudnn_runs_them():
+    """Checks of the windowed path (cudnn-frontend's gpt_oss benchmark, sliding window, FLOPs counted per attended
+    key as the planner counts them): on GB200 (cuDNN 9.22, 128-token window, head dim 64) the table the B200 fit
+    carries, whose row cost was fitted on full causal rows, runs a window of two key tiles at 55-63% of the published
+    speed (-37% to -45% from 2K to 16K tokens); on H200 (cuDNN 9.19.1, 1,024-token window) H100's table forward at
+    -13% to -24%, backward at -4% to -17% (cuDNN 9.19 is 6-16% faster than the mid-2024 release on full rows too).
+    The tile model over-charges a short window's query-tile rows; pinned so that a change to it shows (README,
+    'sliding windows')."""
+    h100 = attention_fit.fit("h100-80gb-sxm", "cuDNN").kernel
+    gb200 = attention_fit._scaled(attention_fit.fit_causal("b200-180gb", "cuDNN", h100).kernel,
+                                  attention_fit.peak_scale("gb200-nvl72", "b200-180gb"))
+    rows = {r["id"]: r for r in _rows() if r.get("window")}
+    assert len(rows) == 4 and all(r["use"] == "check" for r in rows.values())
+    fwd = np.array(attention_fit.row_errors(gb200, rows["cudnn-gb200-922-fwd-hd64-window128"]))
+    bwd = np.array(attention_fit.row_errors(gb200, rows["cudnn-gb200-922-bwd-hd64-window128"]))
+    assert np.all((fwd[:4] > -0.47) & (fwd[:4] < -0.35)) and np.all((bwd > -0.42) & (bwd < -0.33))
+    hopper = np.concatenate([attention_fit.row_errors(h100, rows[i]) for i in
+                             ("cudnn-h200-919-fwd-hd64-window1024", "cudnn-h200-919-bwd-hd64-window1024")])
+    assert np.all((hopper > -0.25) & (hopper < 0.0)) and hopper[:5].mean() < -0.13
 
 
 def test_ring_steps_shorten_the_kernel_calls():
@@ -317,13 +338,16 @@ def test_h100_table_against_cudnn_9_19_on_h200():
     """cudnn-frontend's cuDNN 9.19.1 speeds on H200 (the same GH100 die; February 2026) check H100's table, fitted on
     the FlashAttention-3 paper's mid-2024 cuDNN bars, never fitted: within 16% at every point and 10% on average, the
     newer kernel faster at head dim 128 (by 6-16% past 2K tokens: the kernel's progress), DeepSeek-V3's MLA shape
-    backward within 5% (2026-12-05). The H200 profile names that error beside the table it carries."""
+    backward within 5% (2026-12-05). The H200 profile names the error of all its checks (these and the
+    sliding-window ones below) beside the table it carries."""
     k = attention_fit.fit("h100-80gb-sxm", "cuDNN").kernel
-    checks = [r for r in _rows() if r["profile"] == "h200-141gb-sxm"]
+    checks = [r for r in _rows() if r["profile"] == "h200-141gb-sxm" and not r.get("window")]
     assert len(checks) == 6 and all(r["use"] == "check" for r in checks)
     errors = np.concatenate([attention_fit.row_errors(k, r) for r in checks])
     assert np.abs(errors).max() < 0.16 and np.abs(errors).mean() < 0.10
     hd128 = np.concatenate([attention_fit.row_errors(k, r)[1:] for r in checks if r["head_dim"] == 128])
     assert hd128.max() < -0.05
     stored = json.loads((hardware_profiles_dir() / "h200-141gb-sxm.json").read_text())["gpu"]["attention_kernel"]
-    assert stored["independent_check_error"] == attention_fit._pct(errors)
+    window = [r for r in _rows() if r["profile"] == "h200-141gb-sxm" and r.get("window")]  # and the windowed checks
+    every = np.concatenate([errors] + [attention_fit.row_errors(k, r) for r in window])
+    assert stored["independent_check_error"] == attention_fit._pct(every)

@@ -73,9 +73,11 @@ class KernelFit:
 
 
 def _shape(row: dict) -> AttentionShape:
-    """The row's kernel shape over all its sequence lengths (an array of keys)."""
+    """The row's kernel shape over all its sequence lengths (an array of keys); a row with a ``window`` is a
+    sliding-window call (every layer of it windowed)."""
+    window = float(row.get("window", 0))
     return AttentionShape(head_dim=row["head_dim"], keys=np.asarray(row["seq_lens"], dtype=float),
-                          causal=row["causal"])
+                          causal=row["causal"], window=window, window_share=1.0 if window else 0.0)
 
 
 def predicted_tflops(kernel: AttentionKernel, row: dict) -> np.ndarray:
