@@ -74,3 +74,24 @@ def test_heldout_llama3_rows_stay_within_their_reported_error(rows):
     errs = [abs(r.error) for r in held]
     assert statistics.mean(errs) <= 0.10
     assert max(errs) <= 0.16
+
+
+def test_memory_bound_efficiency_is_checked_on_published_norm_kernels():
+    """cudnn-frontend's normalization benchmark (github NVIDIA/cudnn-frontend @ df73764, benchmark/norms: RMSNorm
+    forward and backward at ten models' shapes, cuDNN 9.19.1), priced as the cost model prices a norm, implies the
+    fraction of HBM bandwidth the kernel reached: 0.883 on H200, 0.795 on GB200, within 0.04 of the profiles' 0.85 and
+    0.80 (B200 carries GB200's check: the same die). H100 keeps the A100 fit's 0.72 and says so beside it."""
+    import json
+
+    from planner.specs.hardware import hardware_profiles_dir, load_cluster
+    from planner.validation.memory_check import implied_efficiency, load_rows
+
+    rows = {r["profile"]: r for r in load_rows()}
+    assert set(rows) == {"h200-141gb-sxm", "gb200-nvl72"} and all(r["use"] == "check" for r in rows.values())
+    assert implied_efficiency(rows["h200-141gb-sxm"]) == pytest.approx(0.883, abs=0.002)
+    assert implied_efficiency(rows["gb200-nvl72"]) == pytest.approx(0.795, abs=0.002)
+    for name in ("h200-141gb-sxm", "gb200-nvl72"):
+        assert abs(load_cluster(name).gpu.memory_bound_efficiency - implied_efficiency(rows[name])) < 0.04
+    for name in ("h100-80gb-sxm", "h200-141gb-sxm", "gb200-nvl72", "b200-180gb"):
+        source = json.loads((hardware_profiles_dir() / f"{name}.json").read_text())["gpu"]
+        assert "memory_kernels.json" in source["memory_bound_efficiency_source"]

@@ -237,6 +237,14 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
     return ops
 
 
+#: elements a fused (RMS/Layer)Norm moves per element of its input in forward: it reads the input and writes the
+#: output once (planner/validation/memory_kernels.json checks the profiles' memory-bound efficiency with it)
+NORM_ELEMENTS = 2
+#: a memory-bound kernel's backward moves twice its forward's bytes (the gradient read and written beside the
+#: saved input)
+ELEMENTWISE_BWD_RATIO = 2.0
+
+
 def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
     """Memory-bound kernels of a layer (bytes moved per token, bf16), each forward read + write and twice that
     backward: the norms and residual adds of its blocks (a transformer layer's two, ``norms_per_layer`` norms;
@@ -246,7 +254,7 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
     "mla_up_proj"); the QK-norm of models that have one (``ModelSpec.qk_norm``) is recomputed by none."""
     t, h, sp = cfg.tp, model.hidden_size, sp_degree(cfg)
     share = kind.blocks / 2  # of a two-block layer's norms and residual adds
-    norm_elems = 2  # a fused (RMS/Layer)Norm reads its input and writes its output once
+    norm_elems = NORM_ELEMENTS
     resid_elems = 3 + (0.5 if model.dropout else 0)  # fused bias-dropout-add: read x and residual, write; 1-B mask
     per_elem = 3 if model.gated_mlp else 2  # SwiGLU: read 2f write f; GeLU: read + write
     if kind.moe:
@@ -267,8 +275,8 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
                                 ("rope", rope_elems, "mla_up_proj" if model.is_mla else ""),
                                 ("qk_norm", qk_elems, "")):
         if np.any(elems):
-            ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * cfg.tokens_per_rank * elems, bwd_ratio=2.0,
-                          weight_grad_fraction=0.0, recompute_module=module))
+            ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * cfg.tokens_per_rank * elems,
+                          bwd_ratio=ELEMENTWISE_BWD_RATIO, weight_grad_fraction=0.0, recompute_module=module))
     return ops
 
 
