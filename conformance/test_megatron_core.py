@@ -250,3 +250,22 @@ def test_the_extra_spread_covers_what_it_says():
     assert any(s.get("fp8_param_gather") and s.get("precision") == "mxfp8" for s in EXTRA)
     assert {s.get("attention_kernel") for s in EXTRA} >= {"cudnn", "flash-attention-3"}
     assert CONFIGS  # the launchers' spread is shared
+
+
+def test_the_swiglu_fp8_input_store_is_refused_by_megatron_core_where_the_planner_refuses_it():
+    """``--activation-fp8-input-store`` (TransformerConfig.activation_func_fp8_input_store, which Megatron-Bridge's
+    model config sets): Megatron-Core accepts it on every exported SwiGLU model and refuses it on the others, as the
+    planner does (planner.specs.stack.activation_fp8_input_store, cost.validity)."""
+    seen = set()
+    for name, plan, text in MEGATRON_PLANS:
+        tf, _ = configs_from_args(_args(text))
+        gated = plan["model_spec"].get("gated_mlp", True)
+        fields = {f.name: getattr(tf, f.name) for f in dataclasses.fields(tf) if f.init}
+        fields["activation_func_fp8_input_store"] = True
+        if gated:
+            type(tf)(**fields)
+        else:
+            with pytest.raises(ValueError, match="only for SwiGLU"):
+                type(tf)(**fields)
+        seen.add(gated)
+    assert seen == {True, False}

@@ -348,7 +348,9 @@ BRIDGE_PATHS = {
     "ddp.data_parallel_sharding_strategy", "checkpoint.ckpt_format", "mixed_precision",
     "model.cross_entropy_loss_fusion", "model.cpu_offloading", "model.cpu_offloading_num_layers",
     # megatron.core.optimizer.OptimizerConfig, as Megatron-Bridge's perf_recipes/deepseek/common.py sets it
-    "optimizer.use_precision_aware_optimizer"}
+    "optimizer.use_precision_aware_optimizer",
+    # TransformerConfig.activation_func_fp8_input_store (megatron/core/transformer/transformer_config.py)
+    "model.activation_func_fp8_input_store"}
 #: Megatron-Bridge mixed-precision presets the export may name (megatron/bridge/training/mixed_precision.py)
 BRIDGE_PRECISIONS = {"bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed"}
 BRIDGE_OVERLAP = {"tp_comm_overlap", "overlap_moe_expert_parallel_comm", "delay_wgrad_compute"}

@@ -138,12 +138,13 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     validate_plan_json(json.loads(r.stdout), "plan")
 
 
-def test_published_layouts_fit_by_the_memory_model_but_the_dualpipe_one():
-    """Every modern row ran, so the memory model should let it run. One does not fit today: DeepSeek-V3's report
-    layout under DualPipe (two copies of each stage's weights and gradients, PP + 1 stage-micro-batches in flight),
-    6% over: its gradients are held in fp32 and its Adam moments in BF16 as the report says (Sec. 3.3.2; 0.1% over
-    while gradients were counted in bf16 and moments in fp32), while its activation savings are not modelled
-    (activations cached in FP8 / E5M6 and the SwiGLU output recomputed, Sec. 3.3.2-3.3.3). Its weights are bf16 alone
+def test_published_layouts_fit_by_the_memory_model():
+    """Every modern row ran, so the memory model should let it run, and it does. The last one to fit was
+    DeepSeek-V3's report layout under DualPipe (two copies of each stage's weights and gradients, PP + 1
+    stage-micro-batches in flight): 6% over with its gradients in fp32 and Adam moments in BF16 (Sec. 3.3.2), 0.8%
+    over once the SwiGLU output is recomputed from its cached input (Sec. 3.3.3 item (2): moe_act), and within the
+    limit at 90% once that cached input is kept in FP8 as the report keeps it (Megatron-Core's SwiGLU fp8 input
+    store); its attention outputs in E5M6 (item (1)) are still counted in bf16. Its weights are bf16 alone
     (te_quantized_weights false: DeepSeek's framework names no fp8 weight copy).
     On GB200 (184 GiB, 180 usable: NVIDIA's MIG listings, hardware_profiles/gb200-nvl72.json) the Llama 3 70B preset,
     which offloads 40 layers' activations to the Grace CPU (cpu_offloading_num_layers=40, Megatron-Bridge @
@@ -153,9 +154,9 @@ def test_published_layouts_fit_by_the_memory_model_but_the_dualpipe_one():
     --fp8-param-gather Megatron-Core keeps them as fp8 tensors, 1 B on Blackwell (memory.held_linear_weight_bytes).
     Pinned so a memory change that rejects more real runs shows."""
     rows = validate_modern()
-    assert [r.id for r in rows if r.fits is False] == ["DSV3-report-H800"]
+    assert [r.id for r in rows if r.fits is False] == []
     peak = {r.id: r.peak_memory_gib / r.memory_limit_gib for r in rows}
-    assert 1.0 < peak["DSV3-report-H800"] < 1.09
+    assert 0.85 < peak["DSV3-report-H800"] < 0.95
     assert 0.95 < peak["MB2511-GB200-Llama3-70B-fp8"] <= 1.0
     assert 0.9 < peak["MB2511-GB200-Llama3.1-405B-fp8"] < 0.95 and 0.9 < peak["MB2606-GB200-Llama3.1-405B-fp8"] < 0.95
 

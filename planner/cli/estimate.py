@@ -15,7 +15,8 @@ from planner.plan import dumps, plan_dict, request_warnings
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, OFFLOAD_MODULES, PRECISIONS, RECOMPUTE_MODES,
                                    RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
                                    canonical_recompute_modules, parse_megatron_layout)
-from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, adam_moment_bytes, load_stack
+from planner.specs.stack import (DEFAULT_STACK, GRAD_REDUCE_DTYPES, activation_fp8_input_store, adam_moment_bytes,
+                                  load_stack)
 from planner.validation.bands import band_for
 
 
@@ -121,6 +122,10 @@ def estimate(
                                           help="fp8 runs: the linear weights kept and all-gathered in fp8 by the "
                                                "sharded optimizer / FSDP (Megatron --fp8-param-gather; default: the "
                                                "stack's)"),
+    act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
+                                       help="SwiGLU activations keep their input for backward in fp8 instead of "
+                                            "bf16 (Megatron-Core activation_func_fp8_input_store; Megatron-Bridge "
+                                            "model config)"),
     adam_moments: str = typer.Option("fp32", "--adam-moments",
                                      help="Dtype of Adam's two moments: fp32 | bf16 (Megatron-Core's precision-aware "
                                           "optimizer: --use-precision-aware-optimizer --exp-avg-dtype bf16 "
@@ -189,7 +194,8 @@ def estimate(
                     precision=precision, layers_per_stage=split, etp=etp, dp_shard=dp_shard, recompute_modules=modules,
                     ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers, offload_modules=offload,
                     fused_cross_entropy=fused_cross_entropy, pipeline_flushes=pipeline_flushes,
-                    adam_moment_bytes=adam_moment_bytes(adam_moments, run_stack))
+                    adam_moment_bytes=adam_moment_bytes(adam_moments, run_stack),
+                    activation_fp8_input_store=activation_fp8_input_store(act_fp8_store, run_stack, spec.gated_mlp))
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),

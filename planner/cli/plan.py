@@ -17,7 +17,8 @@ from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_L
 from planner.errors import PlannerError
 from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search_plans
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS
-from planner.specs.stack import ANY_STACK, DEFAULT_STACK, adam_moment_bytes, load_stack, stack_name_for
+from planner.specs.stack import (ANY_STACK, DEFAULT_STACK, activation_fp8_input_store, adam_moment_bytes, load_stack,
+                                  stack_name_for)
 from planner.validation.bands import band_for
 from planner.specs.hardware import check_attention_kernel, load_cluster
 from planner.specs.model import load_model
@@ -136,6 +137,9 @@ def plan(
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
+    act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
+                                       help="SwiGLU activations keep their input for backward in fp8 (Megatron-Core "
+                                            "activation_func_fp8_input_store; the run's choice, not searched)"),
     adam_moments: str = typer.Option("fp32", "--adam-moments",
                                      help="Dtype of Adam's two moments: fp32 | bf16 (Megatron-Core's precision-aware "
                                           "optimizer; the run's choice, not searched)"),
@@ -188,6 +192,7 @@ def plan(
                                        ("--attention-kernel", attention_kernel is not None),
                                        ("--ep-dispatcher", ep_dispatcher is not None), ("--objective", objective != "time"),
                                        ("--adam-moments", adam_moments != "fp32"),
+                                       ("--activation-fp8-input-store", act_fp8_store),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
                                        ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
@@ -209,6 +214,7 @@ def plan(
     if ep_dispatcher is not None:
         choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
     moment_bytes = adam_moment_bytes(adam_moments, run_stack)
+    fp8_store = activation_fp8_input_store(act_fp8_store, run_stack, spec.gated_mlp)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
     if packed:
         from planner.cost.variable_length import packed_attention_cv
@@ -226,18 +232,21 @@ def plan(
             from planner.export import plan_for_launcher
 
             target = emit or run_stack.launcher
+            if fp8_store and target == "megatron" and emit is None:  # Megatron-LM has no flag for it; Megatron-
+                target = "nemo"  # Bridge runs the same Megatron-Core and sets it in its model config
             return plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
                                      max_memory_gib=max_memory_gib, refine_partition=not no_partition,
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
                                      recompute_modules=modules, constraints=cons, packed_doc_len=packed,
                                      packed_attention_cv=packed_cv, offload_modules=offload_modules,
                                      attention_kernel=attention_kernel, ep_dispatcher=ep_dispatcher,
-                                     adam_moment_bytes=moment_bytes)
+                                     adam_moment_bytes=moment_bytes, activation_fp8_input_store=fp8_store)
         from planner.search.space import SearchSpace
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
                             packed_attention_cv=packed_cv, offload_modules=offload_modules,
                             attention_kernel=attention_kernel or "", adam_moment_bytes=moment_bytes,
+                            activation_fp8_input_store=fp8_store,
                             **({"ep_dispatchers": (ep_dispatcher,)} if ep_dispatcher else {}))
         if cons is not None:
             space = cons.narrow([space], "the search")[0]

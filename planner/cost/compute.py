@@ -243,6 +243,9 @@ NORM_ELEMENTS = 2
 #: a memory-bound kernel's backward moves twice its forward's bytes (the gradient read and written beside the
 #: saved input)
 ELEMENTWISE_BWD_RATIO = 2.0
+#: bytes per element of the SwiGLU input an fp8 input store keeps (torch.float8_e4m3fn, no scale:
+#: megatron/core/fusions/fused_bias_swiglu.py ``input.to(torch.float8_e4m3fn)``)
+FP8_STORE_BYTES = 1.0
 
 
 def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
@@ -277,6 +280,17 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
         if np.any(elems):
             ops.append(Op(name, "memory", hbm_bytes=ACT_BYTES * cfg.tokens_per_rank * elems,
                           bwd_ratio=ELEMENTWISE_BWD_RATIO, weight_grad_fraction=0.0, recompute_module=module))
+    # the fp8 input store's casts (Megatron-Core activation_func_fp8_input_store, fused_bias_swiglu.py): forward
+    # reads the SwiGLU's 2f-wide bf16 input and writes its fp8 copy, backward reads the copy and writes it back in
+    # bf16, 3 B per element each way (the activation kernels themselves move what they moved before)
+    store = np.asarray(cfg.activation_fp8_input_store, dtype=bool)
+    if model.gated_mlp and np.any(store):
+        for name, width, module in (("mlp_act_fp8_store", shared_width, "moe" if kind.moe else "mlp"),
+                                    ("moe_act_fp8_store", routed_width, "moe_act,moe")):
+            if np.any(width):
+                ops.append(Op(name, "memory", hbm_bytes=np.where(store, cfg.tokens_per_rank * 2 * width *
+                                                                 (ACT_BYTES + FP8_STORE_BYTES), 0.0),
+                              bwd_ratio=1.0, weight_grad_fraction=0.0, recompute_module=module))
     return ops
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.compute import Config, expert_tp_token_share, sp_degree
+from planner.cost.compute import ACT_BYTES, FP8_STORE_BYTES, Config, expert_tp_token_share, sp_degree
 from planner.specs.config import per_precision, recompute_module_on
 from planner.specs.model import DENSE_LAYER, MOE_LAYER, LayerKind, ModelSpec
 
@@ -173,6 +173,15 @@ def saved_linear_input_bytes(precision):
     return per_precision(precision, SAVED_INPUT_BYTES.items(), 2.0)
 
 
+def activation_input_bytes(model: ModelSpec, cfg: Config):
+    """Bytes per output element the feed-forward activation keeps for backward: a GELU / squared ReLU its input
+    (2, bf16); a SwiGLU its two halves (4), or their fp8 copy (2) under ``activation_fp8_input_store``
+    (Megatron-Core ``activation_func_fp8_input_store``, SwiGLU only: transformer_config.py)."""
+    if not model.gated_mlp:
+        return 2.0
+    return np.where(np.asarray(cfg.activation_fp8_input_store, dtype=bool), 2 * FP8_STORE_BYTES, 2 * ACT_BYTES)
+
+
 def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | None = None,
                                kind: LayerKind = DENSE_LAYER):
     """Activation bytes one layer of kind ``kind`` keeps for backward, one micro-batch, on one GPU.
@@ -207,8 +216,10 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         f_total = model.moe_ffn_hidden_size * (k + model.num_shared_experts)
     else:
         f_total = model.ffn_hidden_size if kind.ffn else 0
-    # gated: fc1's two outputs (bf16, the activation's backward) + fc2's input; GELU: fc1 output + fc2 input
-    mlp = (4 if model.gated_mlp else 2) * f_total + lin * f_total
+    # gated: fc1's two outputs (bf16, the activation's backward; an fp8 copy under activation_fp8_input_store) +
+    # fc2's input; GELU: fc1 output + fc2 input
+    act_in = activation_input_bytes(model, cfg)
+    mlp = act_in * f_total + lin * f_total
     mlp_in = lin * h if kind.ffn else 0.0
     moe_block = on("moe") if moe else False  # "moe" checkpoints the whole MoE block: only its input stays (bf16)
     if moe:  # "moe_act" discards the routed experts' activation output (fc2's input) and redoes it in backward
@@ -287,7 +298,7 @@ def offloaded_bytes_per_layer(model: ModelSpec, cfg: Config, kind: LayerKind = D
     if kind.moe:
         k = model.experts_per_token
         per_token = per_token + on("expert_fc1") * lin * k * h * expert_tp_token_share(cfg)
-        per_token = per_token + on("moe_act") * (4 if model.gated_mlp else 2) * model.moe_ffn_hidden_size * k / t
+        per_token = per_token + on("moe_act") * activation_input_bytes(model, cfg) * model.moe_ffn_hidden_size * k / t
     return np.where(np.asarray(cfg.recompute) == "full", 0.0, cfg.tokens_per_rank * per_token)
 
 

@@ -411,7 +411,8 @@ def pipeline_message_bytes(model: ModelSpec, cfg: Config):
 
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
                epo, fused_ce=True, packed_doc_len=0.0, offload_modules="", attention_kernel="",
-               per_expert_calls=True, recompute_fused_attention=True, ep_dispatcher="alltoall") -> tuple:
+               per_expert_calls=True, recompute_fused_attention=True, ep_dispatcher="alltoall",
+               act_fp8_store=False) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
@@ -420,7 +421,8 @@ def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, prec
     return (tp, cp, cp_kind, ep, mb, seq_len, bool(sp and tp > 1), bool(selective), bool(flash), bool(tpo),
             precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce),
             float(packed_doc_len), offload_modules, attention_kernel if flash else "", bool(per_expert_calls),
-            bool(recompute_fused_attention and flash and selective), ep_dispatcher if ep > 1 else "alltoall")
+            bool(recompute_fused_attention and flash and selective), ep_dispatcher if ep > 1 else "alltoall",
+            bool(act_fp8_store))
 
 
 class LayerCostCache:
@@ -457,7 +459,8 @@ class LayerCostCache:
                           cfg.sequence_parallel, cfg.recompute == "selective", cfg.flash_attention, cfg.tp_comm_overlap,
                           cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
                           cfg.fused_cross_entropy, cfg.packed_doc_len, cfg.offload_modules, cfg.attention_kernel,
-                          cfg.per_expert_gemm_calls, cfg.recompute_fused_attention, cfg.ep_dispatcher)
+                          cfg.per_expert_gemm_calls, cfg.recompute_fused_attention, cfg.ep_dispatcher,
+                          cfg.activation_fp8_input_store)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
               kind: int) -> LayerCost:

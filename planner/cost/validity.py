@@ -237,6 +237,11 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("grad_reduce_bytes", f"must be 2 (bf16) or 4 (fp32), got {cfg.grad_reduce_bytes}"))
     if cfg.recompute not in RECOMPUTE_MODES:
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
+    if cfg.activation_fp8_input_store and not model.gated_mlp:
+        # Megatron-Core: "Storing activation input in FP8 is supported only for SwiGLU." (transformer_config.py)
+        out.append(("activation_fp8_input_store", f"{model.name}'s MLPs are not gated (SwiGLU): Megatron-Core "
+                                                  "stores the activation input in fp8 for SwiGLU only; drop "
+                                                  "--activation-fp8-input-store"))
     if cfg.ep_comm_overlap:  # Megatron-Core's rules for --overlap-moe-expert-parallel-comm (transformer_config.py)
         if not model.is_moe or cfg.ep <= 1:
             out.append(("ep_comm_overlap", "overlapping the MoE all-to-alls needs expert parallelism (a MoE model, "

@@ -97,8 +97,8 @@ def refuse_pipeline_flushes(launcher: str, cfg: RunConfig) -> None:
 def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_runs: bool = False) -> None:
     """Refuse what only Megatron Core runs (for the launchers that are not Megatron Core): CPU activation
     offloading, the batch-level overlap of the MoE all-to-alls (unless the caller runs it its own way:
-    ``ep_comm_overlap_runs``, torchtitan's DualPipeV), bf16 Adam moments and the flex dispatcher's DeepEP /
-    HybridEP backends."""
+    ``ep_comm_overlap_runs``, torchtitan's DualPipeV), bf16 Adam moments, the SwiGLU fp8 input store and the
+    flex dispatcher's DeepEP / HybridEP backends."""
     if cfg.offload_layers:
         raise unsupported(launcher, f"activation offloading of {cfg.offload_layers} layers (Megatron-Core's "
                                     "cpu_offloading_num_layers)", "export to megatron / nemo")
@@ -112,6 +112,10 @@ def refuse_megatron_core_only(launcher: str, cfg: RunConfig, *, ep_comm_overlap_
         raise unsupported(launcher, "Adam moments in bf16 (Megatron-Core's precision-aware optimizer, "
                                     "--exp-avg-dtype / --exp-avg-sq-dtype bf16)",
                           "plan with --adam-moments fp32, or export to megatron / nemo")
+    if cfg.activation_fp8_input_store:
+        raise unsupported(launcher, "the SwiGLU inputs kept in fp8 (Megatron-Core's "
+                                    "activation_func_fp8_input_store)",
+                          "plan without --activation-fp8-input-store, or export to nemo")
     if cfg.ep_dispatcher != "alltoall" and cfg.ep > 1:
         raise unsupported(launcher, f"the {cfg.ep_dispatcher} token dispatcher (Megatron-Core's flex dispatcher; "
                                     f"the {launcher} config this exporter writes dispatches with all-to-all)",

@@ -235,6 +235,11 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     view = read_plan(plan, source)
     check_plan(view)
     cfg = view.cfg
+    if cfg.activation_fp8_input_store:  # megatron/training/arguments.py excludes it from TransformerConfig's flags
+        raise unsupported(LAUNCHER, "the SwiGLU fp8 input store (TransformerConfig.activation_func_fp8_input_store "
+                                    "has no Megatron-LM command-line flag)",
+                          "export to nemo (Megatron-Bridge's model config sets it), or plan without "
+                          "--activation-fp8-input-store")
     args = ["--tensor-model-parallel-size", str(cfg.tp), "--pipeline-model-parallel-size", str(cfg.pp),
             "--context-parallel-size", str(cfg.cp)]
     if cfg.cp > 1:

@@ -98,6 +98,8 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
                 "ddp.grad_reduce_in_fp32": cfg.grad_reduce_bytes == 4})
     if cfg.adam_moment_bytes == 2:  # OptimizerConfig: the precision-aware optimizer with bf16 moments (OPTIMIZER_DTYPES)
         out["optimizer.use_precision_aware_optimizer"] = True
+    if cfg.activation_fp8_input_store:  # TransformerConfig: the SwiGLU input kept in fp8 for backward
+        out["model.activation_func_fp8_input_store"] = True
     if fsdp:  # ConfigContainer: "Megatron-FSDP requires the fsdp_dtensor checkpointing format"
         out.update({"ddp.use_megatron_fsdp": True, "ddp.data_parallel_sharding_strategy": FSDP_SHARDING[cfg.zero_stage],
                     "checkpoint.ckpt_format": "fsdp_dtensor"})

@@ -119,12 +119,14 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                       stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES,
                       constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "",
                       packed_attention_cv: float = 0.0, attention_kernel: str | None = None,
-                      ep_dispatcher: str | None = None, adam_moment_bytes: int = 4) -> Any:
+                      ep_dispatcher: str | None = None, adam_moment_bytes: int = 4,
+                      activation_fp8_input_store: bool = False) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
     when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``);
     ``attention_kernel`` overrides the stack's kernel (``--attention-kernel``), ``ep_dispatcher`` its MoE token
-    dispatcher (``--ep-dispatcher``); ``adam_moment_bytes`` the request's Adam moments (``--adam-moments``)."""
+    dispatcher (``--ep-dispatcher``); ``adam_moment_bytes`` the request's Adam moments (``--adam-moments``),
+    ``activation_fp8_input_store`` its SwiGLU fp8 input store (``--activation-fp8-input-store``)."""
     from planner.export import target_module
     from planner.plan import search_plans
     from planner.search.engine import objective_key
@@ -161,6 +163,8 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
         spaces = [replace(s, adam_moment_bytes=adam_moment_bytes,
                           zero_stages=tuple(z for z in s.zero_stages if z >= 1 or target not in ("megatron", "nemo")))
                   for s in spaces]
+    if activation_fp8_input_store:
+        spaces = [replace(s, activation_fp8_input_store=True) for s in spaces]
     found = []
     reasons = []
     fixes = []
@@ -179,7 +183,7 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                 if not vision:  # the stack runs VLMs (its multimodal path); only the exporters do not write them
                     export(plan, target)
             except PlannerError as e:
-                refused.append(e.reason)
+                refused.append((e.reason, e.fix))
                 continue  # refused (per-stage recompute, an uneven split): retry with the even split
             found.append(plan)
             break
@@ -188,8 +192,10 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
         fix = "; ".join(f for f in fixes[:1] if f)
         other = "another stack (--stack any: everything the model knows)" if stack is not None else \
             "another launcher (torchtitan runs the most schedules)"
-        why = (f"the best plans that fit cannot be written for {target}: {refused[0]}" if refused and not reasons
+        why = (f"the best plans that fit cannot be written for {target}: {refused[0][0]}" if refused and not reasons
                else f"no plan that {runner} can run fits: {reasons[0] if reasons else 'empty space'}")
+        if refused and not reasons and refused[0][1]:  # the exporter's own fix for what it refused
+            fix = refused[0][1]
         raise InfeasibleError(why,
                               source=f"{option} {stack.name if stack is not None else target}",
                               fix=f"{fix}; or {other}" if fix else f"{other}, or more GPUs")

@@ -85,6 +85,8 @@ class SearchSpace:
     grads_in_reduce_dtype: bool = True
     #: bytes of each Adam moment (config.RunConfig.adam_moment_bytes: the request's, not searched)
     adam_moment_bytes: int = 4
+    #: SwiGLU inputs kept in fp8 (config.RunConfig.activation_fp8_input_store: the request's, not searched)
+    activation_fp8_input_store: bool = False
     #: selective "core_attn" re-runs the fused attention (config.RunConfig.recompute_fused_attention: the stack's)
     recompute_fused_attention: bool = True
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)

@@ -146,6 +146,11 @@ class RunConfig:
     #: bytes per element of each of Adam's two moments (:data:`ADAM_MOMENT_DTYPES`): 4 in fp32, 2 in bf16; the fp32
     #: master weights stay 4
     adam_moment_bytes: int = 4
+    #: the SwiGLU activations (dense MLPs and experts) keep their input for backward as an fp8 (e4m3) copy instead
+    #: of bf16, cast in forward and back in backward (Megatron-Core TransformerConfig
+    #: ``activation_func_fp8_input_store``: megatron/core/fusions/fused_bias_swiglu.py ``input.to(torch.float8_e4m3fn)``;
+    #: the DeepSeek-V3 report's SwiGLU inputs cached in FP8, Sec. 3.3.3), whatever the GEMM precision
+    activation_fp8_input_store: bool = False
     #: the fp8 / mxfp8 linear layers hold their weights as Transformer Engine modules under Megatron-Core do
     #: (``memory.held_linear_weight_bytes``): with ``fp8_param_gather`` as quantized tensors instead of bf16
     #: (fp8_model_init), without it bf16 plus a quantized copy kept across the micro-batches of a step (TE's weight
@@ -256,8 +261,8 @@ class RunConfig:
 #: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
-                "grads_in_reduce_dtype", "adam_moment_bytes", "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
-                "offload_modules", "overlap_p2p_comm")
+                "grads_in_reduce_dtype", "adam_moment_bytes", "activation_fp8_input_store", "recompute_fused_attention",
+                "recompute_modules", "packed_doc_len", "packed_attention_cv", "offload_modules", "overlap_p2p_comm")
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,7 @@ class FixedOptions:
     te_quantized_weights: bool = RunConfig.te_quantized_weights
     grads_in_reduce_dtype: bool = RunConfig.grads_in_reduce_dtype
     adam_moment_bytes: int = RunConfig.adam_moment_bytes
+    activation_fp8_input_store: bool = RunConfig.activation_fp8_input_store
     recompute_fused_attention: bool = RunConfig.recompute_fused_attention
     recompute_modules: str = RunConfig.recompute_modules
     packed_doc_len: float = RunConfig.packed_doc_len
@@ -294,7 +300,7 @@ class FixedOptions:
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
                 "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel",
-                "per_expert_gemm_calls", "recompute_fused_attention", "ep_dispatcher")
+                "per_expert_gemm_calls", "recompute_fused_attention", "ep_dispatcher", "activation_fp8_input_store")
 
 
 @dataclass(frozen=True, eq=False)
@@ -327,6 +333,7 @@ class ConfigBatch:
     per_expert_gemm_calls: np.ndarray
     recompute_fused_attention: np.ndarray
     ep_dispatcher: np.ndarray
+    activation_fp8_input_store: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -339,7 +346,7 @@ class ConfigBatch:
                  "expert_tp": np.int64,
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
                  "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool,
-                 "recompute_fused_attention": bool}
+                 "recompute_fused_attention": bool, "activation_fp8_input_store": bool}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 

@@ -82,6 +82,8 @@ class Stack:
     te_quantized_weights: bool = False
     #: the Adam moment dtypes it runs (``runs.adam_moments``, names of ``config.ADAM_MOMENT_DTYPES``; absent: fp32)
     adam_moments: tuple[str, ...] = ("fp32",)
+    #: whether it can keep the SwiGLU inputs in fp8 for backward (``runs.activation_fp8_input_store``; absent: no)
+    activation_fp8_input_store_runs: bool = False
     #: whether its gradient buffer has the reduction's dtype (``options.grads_in_reduce_dtype``; absent: true, as
     #: Megatron-Core's main_grad)
     grads_in_reduce_dtype: bool = True
@@ -144,6 +146,20 @@ def adam_moment_bytes(name: str, stack: "Stack | None", option: str = "--adam-mo
         raise PlannerError(f"stack {stack.name} keeps Adam's moments in {', '.join(stack.adam_moments)} only",
                            source=option, fix="drop it, or use --stack megatron-core (its precision-aware optimizer)")
     return ADAM_MOMENT_DTYPES[name]
+
+
+def activation_fp8_input_store(on: bool, stack: "Stack | None", gated_mlp: bool = True,
+                               option: str = "--activation-fp8-input-store") -> bool:
+    """The request's SwiGLU fp8 input store, refused (one line naming the option) where the model's MLPs are not
+    gated (Megatron-Core: "supported only for SwiGLU", transformer_config.py) or the stack does not run it;
+    ``stack`` None: any stack (``--stack any``)."""
+    if on and not gated_mlp:
+        raise PlannerError("the model's MLPs are not gated: Megatron-Core stores the activation input in fp8 for "
+                           "SwiGLU only", source=option, fix="drop it")
+    if on and stack is not None and not stack.activation_fp8_input_store_runs:
+        raise PlannerError(f"stack {stack.name} keeps the SwiGLU inputs in bf16 (no fp8 input store)",
+                           source=option, fix="drop it, or use --stack megatron-core (activation_func_fp8_input_store)")
+    return bool(on)
 
 
 def stacks_dir() -> Path:
@@ -244,6 +260,7 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         grads_in_reduce_dtype=_bool(opts, "grads_in_reduce_dtype", source, "options", default=True),
         adam_moments=_list(runs, "adam_moments", tuple(ADAM_MOMENT_DTYPES), source) if runs.get("adam_moments")
         else ("fp32",),
+        activation_fp8_input_store_runs=_bool(runs, "activation_fp8_input_store", source, "runs", default=False),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
         ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, ep_dispatcher_choices=dispatchers)

@@ -200,6 +200,8 @@ def estimate_command(run: dict) -> str:
         parts.append("--no-overlap-p2p-comm")
     if cfg.adam_moment_bytes != 4:
         parts.append("--adam-moments bf16")
+    if cfg.activation_fp8_input_store:
+        parts.append("--activation-fp8-input-store")
     if cfg.te_quantized_weights != load_stack(row_stack(run)).te_quantized_weights:
         parts.append("--te-fp8-weights" if cfg.te_quantized_weights else "--no-te-fp8-weights")
     if cfg.layers_per_stage is not None:
