@@ -85,19 +85,26 @@ def _resolve(model: Any, cluster: Any):
 
 def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,
                    launcher: str | None = None, precision: str = "bf16", stack: str | None = None,
-                   constraints: Any = None, **kw):
+                   constraints: Any = None, adam_moment_bytes: int = 4, activation_fp8_input_store: bool = False,
+                   **kw):
     """The full search, or with ``launcher`` / ``stack`` (a stack name or file) the best plan that launcher / stack
-    can run, at GEMM ``precision``, within ``constraints`` (``planner.search.space.Constraints``) if given."""
+    can run, at GEMM ``precision``, within ``constraints`` (``planner.search.space.Constraints``) if given; Adam's
+    moments at ``adam_moment_bytes`` and the SwiGLU inputs in fp8 as the run asks (refused for a model without
+    gated MLPs: that scenario's row says so)."""
+    from planner.specs.stack import activation_fp8_input_store as checked_store
+    checked_store(activation_fp8_input_store, None, model.gated_mlp)
     if launcher is not None or stack is not None:
-        from planner.export import plan_for_launcher
+        from planner.export import plan_for_launcher, stack_target
         from planner.specs.stack import load_stack
         run_stack = load_stack(stack) if stack is not None else None
         return plan_for_launcher(model, cluster, num_gpus, global_batch_size, seq_len,
-                                 launcher or run_stack.launcher, precision=precision, stack=run_stack,
-                                 constraints=constraints, **kw)
+                                 stack_target(run_stack, launcher, activation_fp8_input_store), precision=precision,
+                                 stack=run_stack, constraints=constraints, adam_moment_bytes=adam_moment_bytes,
+                                 activation_fp8_input_store=activation_fp8_input_store, **kw)
     from planner.search import search_plans
     from planner.search.space import SearchSpace
-    space = SearchSpace(precision=precision)
+    space = SearchSpace(precision=precision, adam_moment_bytes=adam_moment_bytes,
+                        activation_fp8_input_store=activation_fp8_input_store)
     if constraints is not None:
         space = constraints.narrow([space], "the search")[0]
     return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, space=space, **kw)
@@ -196,7 +203,8 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
           progress: bool | Callable[[int, int], None] = False, search: Callable[..., Any] | None = None,
           constraints: Any = None, vary: dict[str, Any] | None = None, prices: Any = None,
           train_tokens: float | None = None, backend: str = "process", scheduler: str | None = None,
-          on_row: Callable[[int, dict[str, Any]], None] | None = None) -> "Any":
+          on_row: Callable[[int, dict[str, Any]], None] | None = None, adam_moments: str = "fp32",
+          activation_fp8_input_store: bool = False) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
     Each input is one value or a list: ``models`` shipped names / config.json paths / ``ModelSpec``s, ``clusters``
@@ -209,6 +217,8 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     plans each search keeps (the row reports the best; 0 is fastest). ``search``: the search function (default
     ``planner.search.search_plans``; a replacement must be picklable to run in workers). ``constraints``: a
     ``planner.search.space.Constraints`` every search keeps to (``planner sweep --tp 8 --schedules 1f1b``).
+    ``adam_moments`` (fp32 | bf16) and ``activation_fp8_input_store``: the run's optimizer moments and SwiGLU input
+    store, as ``planner plan --adam-moments / --activation-fp8-input-store`` take them (checked against the stack).
 
     Hardware co-design: ``vary`` maps profile fields ("gpu.hbm_gib", "node.gpus_per_node",
     "inter_node.bandwidth_gb_s") to lists of values; every cluster is swept with every combination, and each field
@@ -243,20 +253,22 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     if max_memory_gib is not None:
         search_kw["max_memory_gib"] = max_memory_gib
     # options that shape the default search's space: checked once here, not in every row
+    from planner.specs.stack import activation_fp8_input_store as checked_store
+    from planner.specs.stack import adam_moment_bytes, load_stack
+    run_stack = load_stack(stack) if stack is not None else None
+    moment_bytes = adam_moment_bytes(adam_moments, run_stack, "adam_moments")
+    checked_store(activation_fp8_input_store, run_stack, option="activation_fp8_input_store")
     restricting = {"precision": precision if precision != "bf16" else None, "stack": stack, "launcher": launcher,
-                   "constraints": constraints}
-    if stack is not None:
-        from planner.specs.stack import load_stack
-        load_stack(stack)
+                   "constraints": constraints, "adam_moment_bytes": moment_bytes if moment_bytes != 4 else None,
+                   "activation_fp8_input_store": activation_fp8_input_store or None}
     if launcher is not None:
         from planner.export import launcher_spaces
         launcher_spaces(launcher)
     if constraints is not None:  # a set that leaves the stack or launcher nothing fails once, here
         from planner.export.spaces import launcher_spaces, stack_spaces
         from planner.search.space import SearchSpace
-        from planner.specs.stack import load_stack
-        if stack is not None:
-            spaces = stack_spaces(load_stack(stack), launcher, precision)
+        if run_stack is not None:
+            spaces = stack_spaces(run_stack, launcher, precision)
         elif launcher is not None:
             spaces = launcher_spaces(launcher, precision=precision)
         else:

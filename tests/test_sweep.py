@@ -279,3 +279,26 @@ def test_cli_keeps_finished_rows_when_a_sweep_fails(tmp_path, monkeypatch):
                             "--backend", "dask"])
     assert r.exit_code == 0, r.output
     assert len(pd.read_csv(out)) == 4 and not (tmp_path / "rows.csv.partial").exists()
+
+
+def test_sweep_takes_the_runs_optimizer_moments_and_swiglu_store():
+    """--adam-moments and --activation-fp8-input-store reach every scenario's search (fewer bytes: a lower peak on
+    the same best layout, or another layout that fits; the store's casts cost a few percent of the step); a stack
+    that cannot run them fails once, and a model without gated MLPs keeps its row with the reason."""
+    kw = dict(processes=1, precision="fp8")
+    base = planner.sweep("llama-3.1-8b", "h100-80gb-sxm", 8, 64, 8192, **kw).iloc[0]
+    lean = planner.sweep("llama-3.1-8b", "h100-80gb-sxm", 8, 64, 8192, adam_moments="bf16",
+                         activation_fp8_input_store=True, **kw).iloc[0]
+    assert base.feasible and lean.feasible
+    assert base.step_time_s < lean.step_time_s <= base.step_time_s * 1.05
+    same_layout = all(base[c] == lean[c] for c in ("tp", "pp", "cp", "micro_batch_size", "zero_stage", "recompute"))
+    assert lean.peak_memory_gib < base.peak_memory_gib or not same_layout
+    with pytest.raises(PlannerError, match="torchtitan"):
+        planner.sweep("llama-3.1-8b", "h100-80gb-sxm", 8, 64, 8192, stack="torchtitan", adam_moments="bf16",
+                      processes=1)
+    gelu = planner.sweep("gpt3-175b", "h100-80gb-sxm", 64, 64, 2048, activation_fp8_input_store=True,
+                         processes=1).iloc[0]
+    assert not gelu.feasible and "SwiGLU only" in gelu.error
+    r = runner.invoke(app, ["sweep", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "8",
+                            "--global-batch", "64", "--seq-len", "8192", "--adam-moments", "fp16"])
+    assert r.exit_code == 2 and "--adam-moments" in r.output

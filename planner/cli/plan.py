@@ -229,11 +229,9 @@ def plan(
 
     def run_search(cons, offload_modules=""):
         if emit is not None or run_stack is not None:  # search only what the stack / launcher runs
-            from planner.export import plan_for_launcher
+            from planner.export import plan_for_launcher, stack_target
 
-            target = emit or run_stack.launcher
-            if fp8_store and target == "megatron" and emit is None:  # Megatron-LM has no flag for it; Megatron-
-                target = "nemo"  # Bridge runs the same Megatron-Core and sets it in its model config
+            target = stack_target(run_stack, emit, fp8_store)
             return plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
                                      max_memory_gib=max_memory_gib, refine_partition=not no_partition,
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,

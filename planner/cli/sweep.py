@@ -147,6 +147,11 @@ def sweep(
     launcher: str = typer.Option(None, "--launcher", help="Only plans this launcher runs: megatron | torchtitan | "
                                                           "deepspeed | nemo"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision: bf16 | fp16 | fp8 | mxfp8"),
+    adam_moments: str = typer.Option("fp32", "--adam-moments", help="Dtype of Adam's two moments: fp32 | bf16 "
+                                                                    "(Megatron-Core's precision-aware optimizer)"),
+    act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
+                                       help="SwiGLU activations keep their input for backward in fp8 (Megatron-Core "
+                                            "activation_func_fp8_input_store)"),
     stack: str = typer.Option(None, "--stack", help="Training stack (default megatron-core, or --launcher's; 'any': "
                                                     "everything the model knows)"),
     jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
@@ -191,6 +196,11 @@ def sweep(
         raise PlannerError("--quiet without --csv would print nothing", source="--quiet", fix="add --csv FILE")
     if csv is not None:
         check_writable(csv, "--csv")  # before the work, not after it
+    from planner.specs.stack import activation_fp8_input_store, adam_moment_bytes, load_stack
+    sweep_stack = _sweep_stack(stack, launcher)
+    run_stack = load_stack(sweep_stack) if sweep_stack is not None else None
+    adam_moment_bytes(adam_moments, run_stack)  # named as the command line names them, before the work
+    activation_fp8_input_store(act_fp8_store, run_stack)
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
                                      dp_shard)
     varied = vary_values(vary)
@@ -219,9 +229,10 @@ def sweep(
         try:
             df = run_sweep(models, clusters, counts, batches, lengths, top_k=top_k, objective=objective,
                            max_memory_gib=max_memory_gib, launcher=launcher, precision=precision,
-                           stack=_sweep_stack(stack, launcher), processes=jobs, constraints=constraints,
+                           stack=sweep_stack, processes=jobs, constraints=constraints,
                            vary=varied or None, prices=prices, train_tokens=train_tokens, backend=backend,
                            scheduler=scheduler, on_row=stream.write if stream is not None else None,
+                           adam_moments=adam_moments, activation_fp8_input_store=act_fp8_store,
                            progress=lambda done, _total: progress.update(task, completed=done))
         except BaseException:
             if stream is not None and stream.count:

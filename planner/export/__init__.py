@@ -87,7 +87,7 @@ def emit(plan: Any, target: str, *, source: str = "<plan>", option: str = "--to"
     return export(plan, target, source=source, option=option).text
 
 
-from planner.export.spaces import launcher_spaces, plan_for_launcher, stack_spaces  # noqa: E402  (needs TARGETS)
+from planner.export.spaces import launcher_spaces, plan_for_launcher, stack_spaces, stack_target  # noqa: E402  (needs TARGETS)
 
-__all__ = ["TARGETS", "Export", "emit", "export", "launcher_spaces", "plan_for_launcher", "stack_spaces",
+__all__ = ["TARGETS", "Export", "emit", "export", "launcher_spaces", "plan_for_launcher", "stack_spaces", "stack_target",
            "target_module"]

@@ -113,6 +113,18 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
     return out
 
 
+def stack_target(stack: Any, launcher: str | None, activation_fp8_input_store: bool = False) -> str:
+    """The launcher a search under ``stack`` writes its plan for: ``launcher`` if the user named one, else the
+    stack's; a Megatron-Core plan that keeps the SwiGLU inputs in fp8 goes to Megatron-Bridge, which sets
+    activation_func_fp8_input_store in its model config, where Megatron-LM has no flag for it
+    (megatron/training/arguments.py)."""
+    if launcher is not None:
+        return launcher
+    if activation_fp8_input_store and stack.launcher == "megatron":
+        return "nemo"
+    return stack.launcher
+
+
 def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size: int, seq_len: int, target: str, *,
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
                       refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
