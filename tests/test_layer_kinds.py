@@ -245,3 +245,106 @@ def test_search_is_exact_with_interleaved_moe_layers():
     # PP 2: each stage holds two dense and two MoE layers; the estimate's parameters say so
     e = estimate(INTERLEAVED, H100, RunConfig(num_gpus=8, pp=2, ep=4, global_batch_size=16, seq_len=4096))
     assert e.stages[0].params_expert == pytest.approx(e.stages[1].params_expert) and e.stages[0].params_expert > 0
+
+
+# --- cross-attention layers over an image encoder (Llama 3.2 Vision) ------------------------------------------------
+def test_mllama_config_reads_the_cross_attention_layers_and_counts_every_parameter():
+    """Llama-3.2-11B-Vision: 40 decoder layers, cross-attention at 3, 8, ..., 38; a ViT of 32 local + 8 global
+    layers over 4 tiles of 560 pixels in 14-pixel patches (1,601 tokens a tile with the class token, padded to 1,608
+    in the encoder); the text attends 6,404 image tokens. Its parameters counted as transformers builds the model
+    match the checkpoint's 10,670,220,835 exactly."""
+    from planner.cost.memory import total_params
+    from planner.specs.model import CROSS_ATTENTION_LAYER, load_model
+
+    m = load_model("llama-3.2-11b-vision")
+    assert m.cross_attention_pattern == "".join("X" if i % 5 == 3 else "S" for i in range(40))
+    assert m.layer_kinds[1] == CROSS_ATTENTION_LAYER and m.kind_index.count(1) == 8
+    assert (m.vision_layers, m.vision_tokens, m.cross_attention_tokens, m.vision_output_dim) == (40, 6432, 6404, 7680)
+    assert not m.vision_encoder.linear_bias and m.vision_encoder.mlp_bias
+    assert total_params(m) == 10_670_220_835
+
+
+def test_a_cross_attention_layer_by_hand():
+    """TP 2, one 4,096-token sample with one image: queries from the text (h -> q_dim), keys and values from the
+    6,404 image tokens (h -> 2 kv_dim), every query attending every image key (no causal half), no RoPE."""
+    from planner.cost.compute import layer_ops
+    from planner.specs.model import CROSS_ATTENTION_LAYER, load_model
+
+    m = load_model("llama-3.2-11b-vision")
+    cfg = RunConfig(num_gpus=2, tp=2, global_batch_size=1, seq_len=4096)
+    ops = {o.name: o for o in layer_ops(m, cfg, CROSS_ATTENTION_LAYER)}
+    assert float(ops["q_proj"].flops) == 2 * 4096 * 4096 * 4096 / 2
+    assert float(ops["cross_kv_proj"].flops) == 2 * 6404 * 4096 * 2 * 1024 / 2
+    assert float(ops["attention_core"].flops) == 2 * 4096 * 6404 * (4096 + 4096) / 2
+    assert not ops["attention_core"].shape.causal and float(ops["attention_core"].shape.keys) == 6404
+    assert "rope" not in ops and "qkv_proj" not in ops
+
+
+def test_model_flops_count_the_cross_attention_layers_by_hand():
+    """Turning the 8 cross-attention layers into self-attention ones changes a step's model FLOPs (3 x forward,
+    full squares) per sample by: Q / output projections instead of QKV / output (minus 2 x 2 h kv per text token
+    and layer), the image keys' square instead of the text's (2 s (V - s) 2q), and the K / V projections of the
+    V image tokens (2 V h 2 kv)."""
+    from planner.cost.compute import model_flops_per_step
+    from planner.specs.model import load_model
+
+    m = load_model("llama-3.2-11b-vision")
+    s, V, h, q, kv = 4096, 6404, 4096, 4096, 1024
+    delta = model_flops_per_step(m, 1, s) - model_flops_per_step(m.with_(cross_attention_pattern="S" * 40), 1, s)
+    by_hand = 3 * 8 * (-s * 2 * h * 2 * kv + s * 2 * (V - s) * 2 * q + V * 2 * h * 2 * kv)
+    assert delta == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_later_stages_receive_the_cross_attention_states_and_cp_is_refused():
+    from planner.cost.step import pipeline_message_bytes
+    from planner.cost.validity import config_problems
+    from planner.specs.model import load_model
+
+    m = load_model("llama-3.2-11b-vision")
+    cfg = RunConfig(num_gpus=16, tp=4, pp=4, global_batch_size=64, micro_batch_size=2, seq_len=4096)
+    assert float(pipeline_message_bytes(m, cfg)) == (2 * 4096 + 2 * 6404) * 4096 * 2 / 4
+    problems = dict(config_problems(m, H100, cfg.with_(num_gpus=32, cp=2)))
+    assert "cross-attention" in problems["cp"]
+
+
+def test_partition_balances_the_encoder_stage_and_the_cross_attention_layers():
+    """Llama-3.2-11B-Vision on 16 H100 as TP 4, PP 4, 1F1B: the 40-layer encoder over 6,432 tokens weighs more than
+    a stage of decoder layers, so the DP leaves stage 0 one layer (1, 15, 14, 10): 3.31 s against 4.98 s for the
+    even split by layer count (1.50x; this model, 2026-12-06)."""
+    from planner.specs.model import load_model
+
+    m = load_model("llama-3.2-11b-vision")
+    space = SearchSpace(pp_values=(4,), tp_values=(4,), schedules=("1f1b",), zero_stages=(1,))
+    even = search_plans(m, H100, 16, 64, 4096, top_k=0, space=space, refine_partition=False)
+    part = search_plans(m, H100, 16, 64, 4096, top_k=0, space=space)
+    split = part.config.layers_per_stage
+    assert split is not None and sum(split) == 40 and split[0] <= 2
+    assert part.estimate.step_time_s < even.estimate.step_time_s / 1.4
+
+
+def test_search_is_exact_with_cross_attention_layers():
+    small = model_from_config({"model_type": "mllama",
+                               "text_config": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
+                                               "num_attention_heads": 8, "num_key_value_heads": 4,
+                                               "vocab_size": 32000, "cross_attention_layers": [2, 6]},
+                               "vision_config": {"hidden_size": 512, "intermediate_size": 2048,
+                                                 "num_hidden_layers": 4, "num_global_layers": 2,
+                                                 "attention_heads": 8, "image_size": 224, "patch_size": 14}})
+    space = SearchSpace(partial_recompute=False, tp_values=(1, 2), schedules=("1f1b",), zero_stages=(1,),
+                        hsdp_node_spans=())
+    rows = assert_search_is_exact(small, 8, 16, 2048, space)
+    assert all(cfg.cp == 1 for cfg in rows)
+
+
+def test_exporters_refuse_a_cross_attention_plan():
+    from planner.errors import PlannerError
+    from planner.export import emit
+    from planner.plan import plan_dict
+    from planner.specs.model import load_model
+
+    m = load_model("llama-3.2-11b-vision")
+    cfg = RunConfig(num_gpus=16, tp=4, pp=4, global_batch_size=64, seq_len=4096)
+    d = json.loads(json.dumps(plan_dict(m, H100.name, cfg, estimate(m, H100, cfg))))
+    for target in ("megatron", "torchtitan", "deepspeed", "nemo"):
+        with pytest.raises(PlannerError, match="vision encoder"):
+            emit(d, target)

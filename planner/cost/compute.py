@@ -138,6 +138,8 @@ def layer_ops(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> l
     ops: list[Op] = []
     if kind.mixer == "attention":
         ops += attention_ops(model, cfg, kind.window)
+    elif kind.mixer == "cross_attention":
+        ops += cross_attention_ops(model, cfg)
     elif kind.mixer == "mamba":
         ops += mamba_ops(model, cfg)
     if kind.ffn:
@@ -192,6 +194,45 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
     ops.append(Op("softmax_dropout", "memory", hbm_bytes=np.where(flash, 0.0, per_score * score_elems),
                   bwd_ratio=1.0, weight_grad_fraction=0.0, recompute_module="core_attn"))
     ops += _linear("attn_out_proj", T, model.attn_out_dim / t, h, cfg)
+    return ops
+
+
+def image_keys(model: ModelSpec, cfg: Config):
+    """Keys one sample's cross-attention queries see: its images' tokens (``cross_attention_tokens`` each)."""
+    return model.vision_images * model.cross_attention_tokens + 0.0 * np.asarray(cfg.micro_batch_size)
+
+
+def cross_attention_ops(model: ModelSpec, cfg: Config) -> list[Op]:
+    """A cross-attention block (Llama 3.2 Vision, transformers' MllamaTextCrossAttention; Alayrac et al. 2022's
+    gated cross-attention): queries from the T text tokens (h -> q_dim, no RoPE), keys and values from the
+    micro-batch's image tokens, V = b x images x ``cross_attention_tokens``, already projected to the text width
+    (h -> 2 kv_dim), an RMSNorm on each head's queries and keys, every query attending all of its sample's image
+    keys (no causal mask: :class:`AttentionShape` causal False), the output projection and a tanh gate on the
+    residual. TP splits the heads as in self-attention; the image tokens are whole on every TP rank (not split by SP
+    or CP). The unfused path: per-head batched GEMMs over the T x V scores and their softmax."""
+    t, h = cfg.tp, model.hidden_size
+    T = cfg.tokens_per_rank
+    keys = image_keys(model, cfg)
+    V = cfg.micro_batch_size * keys
+    flash = np.asarray(cfg.flash_attention, dtype=bool)
+    ops = _linear("q_proj", T, h, model.q_dim / t, cfg) + _linear("cross_kv_proj", V, h, 2 * model.kv_dim / t, cfg)
+    core_flops = 2.0 * T * keys * (model.q_dim + model.q_dim) / t
+    shape = AttentionShape(head_dim=model.head_size, keys=keys, causal=False, kernel=cfg.attention_kernel)
+    ops.append(Op("attention_core", "attention", flops=np.where(flash, core_flops, 0.0),
+                  bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape, recompute_module="core_attn",
+                  recompute_when=cfg.recompute_fused_attention))
+    heads = cfg.micro_batch_size * model.num_heads / t
+    qk = _gemm("attention_scores", cfg.seq_len / cfg.cp, model.head_size, keys, batch=heads)
+    ops.append(Op("attention_core_unfused", "gemm", flops=np.where(flash, 0.0, core_flops),
+                  hbm_bytes=np.where(flash, 0.0, 2 * qk.hbm_bytes), gemm_flops=qk.gemm_flops,
+                  weight_grad_fraction=0.0, recompute_module="core_attn"))
+    ops.append(Op("softmax_dropout", "memory", hbm_bytes=np.where(flash, 0.0, 4 * T * keys * model.num_heads / t),
+                  bwd_ratio=1.0, weight_grad_fraction=0.0, recompute_module="core_attn"))
+    # the per-head RMSNorms on the queries (text tokens) and keys (image tokens): read and write each
+    ops.append(Op("cross_qk_norm", "memory", hbm_bytes=ACT_BYTES * NORM_ELEMENTS * (T * model.q_dim +
+                                                                                  V * model.kv_dim) / t,
+                  bwd_ratio=ELEMENTWISE_BWD_RATIO, weight_grad_fraction=0.0))
+    ops += _linear("attn_out_proj", T, model.q_dim / t, h, cfg)
     return ops
 
 
@@ -409,8 +450,12 @@ def vision_config(model: ModelSpec, cfg: Config):
 def vision_projector_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     """LLaVA's projector on the image tokens (``cfg``: :func:`vision_config`): h_v -> h -> h, GELU between
     (Liu et al. 2023, "Improved Baselines with Visual Instruction Tuning": an MLP of two layers), split by TP
-    as a column- then row-parallel pair."""
+    as a column- then row-parallel pair; Llama 3.2 Vision's: one linear layer from ``vision_output_dim`` (the
+    concatenated encoder states, MllamaForConditionalGeneration.multi_modal_projector), split by TP."""
     T, t, h = cfg.tokens_per_rank, cfg.tp, model.hidden_size
+    if model.vision_output_dim:  # Llama 3.2 Vision: one linear layer on the unpadded tokens the text attends
+        return _linear("vision_proj_in", T * model.cross_attention_tokens / model.vision_tokens,
+                       model.vision_output_dim, h / t, cfg)
     return (_linear("vision_proj_in", T, model.vision_hidden_size, h / t, cfg)
             + [Op("vision_proj_act", "memory", hbm_bytes=ACT_BYTES * 2 * T * h / t, bwd_ratio=2.0,
                   weight_grad_fraction=0.0)]
@@ -657,7 +702,9 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
     the general form counts each GEMM of the layer (GQA, gated MLP, MoE active experts) at 3 x 2mkn.
     ``causal_half`` counts only the unmasked half of the attention scores (the convention some reports use).
     ``keys``: the square's side per query when it is not the sequence (packed documents: :func:`attended_keys`,
-    each document's own square). A vision encoder adds its layers' and projector's FLOPs on every sample's images.
+    each document's own square). A vision encoder adds its layers' and projector's FLOPs on every sample's images;
+    cross-attention layers their Q / output projections per text token, the K / V projections per image token and
+    a whole T x V square (no causal half) per sample.
     """
     h, s, B = model.hidden_size, seq_len, global_batch
     tokens = B * s
@@ -675,7 +722,9 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
     if model.mamba_heads:  # in- and out-projection weights, 2 FLOPs each, and the SSD scan (ssd_traffic)
         d, GN = model.mamba_inner, model.mamba_groups * model.mamba_state_dim
         mamba = 2 * h * (2 * d + 2 * GN + model.mamba_heads) + 2 * d * h + ssd_traffic(model).fwd_flops
-    per_kind = {"attention": attn_proj, "mamba": mamba, "": 0.0}, {"dense": dense_mlp, "moe": moe_mlp, "": 0.0}
+    cross = 2 * h * model.q_dim + 2 * model.q_dim * h  # a cross-attention layer's Q and output projections
+    per_kind = ({"attention": attn_proj, "mamba": mamba, "cross_attention": cross, "": 0.0},
+                {"dense": dense_mlp, "moe": moe_mlp, "": 0.0})
     kinds = model.layer_kinds
     counts = [model.kind_index.count(k) for k in range(len(kinds))]
     per_token_layers = sum(n * (per_kind[0][k.mixer] + per_kind[1][k.ffn]) for n, k in zip(counts, kinds))
@@ -683,11 +732,16 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, caus
     attn_core = 2 * (s if keys is None else keys) * (model.attn_q_dim + model.attn_out_dim) * attention_layers * \
         (0.5 if causal_half else 1.0)
     head = 2 * h * model.vocab_size
+    cross_layers = sum(n for n, k in zip(counts, kinds) if k.mixer == "cross_attention")
+    if cross_layers:  # every text token attends all its sample's image keys; K and V projected per image token
+        image_tokens = model.vision_images * model.cross_attention_tokens
+        attn_core += 2 * image_tokens * 2 * model.q_dim * cross_layers
     vision = 0.0
     if model.vision_layers:  # the encoder and projector on each sample's images (whole attention squares)
         vcfg = RunConfig(num_gpus=1, seq_len=model.vision_tokens, micro_batch_size=model.vision_images)
         vision = B * float(model.vision_layers * sum(o.flops for o in layer_ops(model.vision_encoder, vcfg))
                            + sum(o.flops for o in vision_projector_ops(model, vcfg)))
+        vision += B * cross_layers * model.vision_images * model.cross_attention_tokens * 2 * h * 2 * model.kv_dim
     return 3.0 * (tokens * (per_token_layers + attn_core + head) + vision)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.compute import ACT_BYTES, FP8_STORE_BYTES, Config, expert_tp_token_share, sp_degree
+from planner.cost.compute import ACT_BYTES, FP8_STORE_BYTES, Config, image_keys, expert_tp_token_share, sp_degree
 from planner.specs.config import per_precision, recompute_module_on
 from planner.specs.model import DENSE_LAYER, MOE_LAYER, LayerKind, ModelSpec
 
@@ -95,7 +95,15 @@ def mamba_params(model: ModelSpec) -> int:
 
 def mixer_params(model: ModelSpec, kind: LayerKind) -> int:
     """The token mixer of a layer of kind ``kind``: attention, a Mamba-2 mixer, or none."""
-    return {"attention": attention_params, "mamba": mamba_params}.get(kind.mixer, lambda m: 0)(model)
+    return {"attention": attention_params, "mamba": mamba_params,
+            "cross_attention": cross_attention_params}.get(kind.mixer, lambda m: 0)(model)
+
+
+def cross_attention_params(model: ModelSpec) -> int:
+    """A cross-attention block (transformers' MllamaTextCrossAttention and its decoder layer): the Q, K, V and output
+    projections of self-attention, an RMSNorm of head_dim on the queries and one on the keys, and the block's two
+    tanh gates (attention and MLP)."""
+    return attention_params(model.with_(qk_norm="")) + 2 * model.head_size + 2
 
 
 def layer_norms(model: ModelSpec, kind: LayerKind) -> int:
@@ -130,13 +138,15 @@ def head_params(model: ModelSpec) -> int:
 
 
 def vision_params(model: ModelSpec) -> int:
-    """The vision encoder's layers and the projector (h_v h + h + h h + h); the patch and position embeddings
-    (under 1M for a ViT-L) are left out. 0 without an encoder."""
+    """The vision encoder's layers, the projector (LLaVA's two layers, h_v h + h + h h + h; Llama 3.2 Vision's one,
+    from ``vision_output_dim``: d_out h + h) and what the spec counts besides (``vision_extra_params``: LLaVA's
+    patch and position embeddings, under 1M for a ViT-L, are left out). 0 without an encoder."""
     enc = model.vision_encoder
     if enc is None:
         return 0
     h, hv = model.hidden_size, model.vision_hidden_size
-    return enc.num_layers * layer_params(enc) + hv * h + h + h * h + h
+    projector = model.vision_output_dim * h + h if model.vision_output_dim else hv * h + h + h * h + h
+    return enc.num_layers * layer_params(enc) + projector + model.vision_extra_params
 
 
 def total_params(model: ModelSpec, seq_len: int | None = None) -> int:
@@ -244,6 +254,10 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         split = qkv + 2 * model.attn_out_dim + mlp + fp8_copy * model.attn_out_dim
         if model.qk_norm:  # the QK-norm's RMSNorms keep their inputs, the projected Q and K (bf16), for backward
             split = split + 2 * (model.q_dim + model.kv_dim)
+    elif kind.mixer == "cross_attention":
+        # per text token: the per-head RMSNorm's input and its output Q (bf16), the attention output and the
+        # out-projection's fp8 copy of it; the image tokens' K and V follow below
+        split = 2 * model.q_dim + 2 * model.q_dim + 2 * model.q_dim + mlp + fp8_copy * model.q_dim
     elif kind.mixer == "mamba":
         # Megatron-Core's training path (mamba_split_conv1d_scan_combined) keeps the in-projection's output z x B C
         # dt and the scan's raw output (mamba_ssm MambaSplitConv1dScanCombinedFn.save_for_backward), then the
@@ -267,7 +281,16 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
         lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
         per_token = per_token + np.where(flash, lse, np.where(on("core_attn"), 0.0, scores))
-    return np.where(mode == "full", tokens * 2 * h / sp, tokens * per_token)
+    image = 0.0
+    if kind.mixer == "cross_attention":
+        keys = image_keys(model, cfg)
+        scores = 2 * model.num_heads * keys / t  # unfused: the T x V score matrix (bf16), no dropout
+        per_token = per_token + np.where(flash, 4 * model.num_heads / t, np.where(on("core_attn"), 0.0, scores))
+        # per image token: K and V (bf16) and the key RMSNorm's input, split by TP; the K / V projections' input
+        # is the projector's output, one tensor every such layer shares (memory.vision_projector_activation_bytes),
+        # plus in fp8 each layer's quantized copy of it
+        image = cfg.micro_batch_size * keys * (3 * 2 * model.kv_dim / t + fp8_copy * h)
+    return np.where(mode == "full", tokens * 2 * h / sp, tokens * per_token + image)
 
 
 def offloaded_bytes_per_layer(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER):
@@ -333,7 +356,13 @@ def mtp_projection_activation_bytes(model: ModelSpec, cfg: Config):
 
 def vision_projector_activation_bytes(model: ModelSpec, cfg: Config):
     """The projector's saved tensors on the image tokens (``cfg``: ``compute.vision_config``): its input (2 h_v per
-    token, bf16), its first layer's output and the GELU output (2 h / t each)."""
+    token, bf16), its first layer's output and the GELU output (2 h / t each); Llama 3.2 Vision's one layer: its
+    input (2 x ``vision_output_dim``) and its output, the cross-attention states every cross-attention layer's K / V
+    projections read (2 h, whole on each TP rank), on the unpadded tokens. Approximation: the states a later
+    pipeline stage receives and keeps for its own cross-attention layers are not counted there."""
+    if model.vision_output_dim:
+        tokens = cfg.tokens_per_rank * model.cross_attention_tokens / model.vision_tokens
+        return tokens * (2 * model.vision_output_dim + 2 * model.hidden_size)
     return cfg.tokens_per_rank * (2 * model.vision_hidden_size + 4 * model.hidden_size / cfg.tp)
 
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, embedding_ops,
+from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, embedding_ops, image_keys,
                                   vision_config, vision_projector_ops, head_ops, layer_ops, model_flops_per_step,
                                   mtp_projection_ops, pass_times, recomputed, tp_overlap_windows)
 from planner.cost.context_parallel import NO_CP, cp_layer_cost, mamba_cp_cost
@@ -405,8 +405,13 @@ def pipeline_send_s(model: ModelSpec, cluster: Cluster, cfg: Config, groups: com
 
 def pipeline_message_bytes(model: ModelSpec, cfg: Config):
     """Bytes one GPU sends per pipeline send: its 1/t share of the boundary activation (Megatron's scatter / gather
-    optimisation, :func:`pipeline_send_s`)."""
-    return cfg.tokens_per_rank * model.hidden_size * ACT_BYTES / cfg.tp
+    optimisation, :func:`pipeline_send_s`); with cross-attention layers (Llama 3.2 Vision) also its share of the
+    micro-batch's cross-attention states (b x image tokens x h), which every later stage's cross-attention layers
+    read and whose gradient they send back: a decoder stage that cross-attends receives the encoder's output beside
+    its hidden state (Megatron-Core's encoder-and-decoder schedules send both tensors,
+    megatron/core/pipeline_parallel/schedules.py get_tensor_shapes, core_v0.12.0)."""
+    states = cfg.micro_batch_size * image_keys(model, cfg) if model.cross_attention_pattern else 0.0
+    return (cfg.tokens_per_rank + states) * model.hidden_size * ACT_BYTES / cfg.tp
 
 
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,

@@ -35,6 +35,17 @@ def mamba_cp_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
     return None
 
 
+def model_cp_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
+    """Why the model's layers cannot run context parallelism over cp ranks, or None: a Mamba mixer's head split
+    (:func:`mamba_cp_problem`), or cross-attention layers (Llama 3.2 Vision), whose image keys every CP rank would
+    hold whole and whose states' gradient would need a reduction over CP the planner does not price. Shared with
+    the search's walk."""
+    if model.cross_attention_pattern and cp > 1:
+        return "cross-attention layers (image keys whole on every rank) are priced without context parallelism; " \
+               "use --cp 1"
+    return mamba_cp_problem(model, tp, cp)
+
+
 def ulysses_problem(model: ModelSpec, tp: int, cp: int) -> str | None:
     """Why Ulysses cannot split the heads over tp*cp, or None. DeepSpeed-Ulysses (Jacobs et al. 2023, Sec. 3.1):
     the all-to-all hands each rank whole heads, and the K/V heads per TP rank must divide or be divisible by cp
@@ -145,8 +156,8 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
     if cfg.seq_len % (2 * cfg.cp) and cfg.cp > 1:
         out.append(("cp", f"seq_len {cfg.seq_len} must be divisible by 2*cp = {2 * cfg.cp} (load-balanced "
                           f"causal split)"))
-    if mamba_cp_problem(model, cfg.tp, cfg.cp):
-        out.append(("cp", mamba_cp_problem(model, cfg.tp, cfg.cp)))
+    if model_cp_problem(model, cfg.tp, cfg.cp):
+        out.append(("cp", model_cp_problem(model, cfg.tp, cfg.cp)))
     if cfg.cp_kind not in CP_KINDS:
         out.append(("cp_kind", f"unknown context-parallel kind '{cfg.cp_kind}'; use one of {', '.join(CP_KINDS)}"))
     elif cfg.cp_kind == "ulysses" and cfg.cp > 1:

@@ -26,7 +26,7 @@ import numpy as np
 from planner.cost import comm
 from planner.cost.moe import undominated_dispatchers
 from planner.cost.schedule import SCHEDULES
-from planner.cost.validity import hsdp_splits_expert_dp, mamba_cp_problem, tp_splits_heads, ulysses_problem
+from planner.cost.validity import hsdp_splits_expert_dp, model_cp_problem, tp_splits_heads, ulysses_problem
 from planner.errors import PlannerError
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, RECOMPUTE_MODES, ZERO_STAGES,
                                   FixedOptions, RunConfig, recompute_module_on)
@@ -309,7 +309,7 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
         for cp in divisors(num_gpus // tp):
             if space.max_cp and cp > space.max_cp or not allowed(cp, space.cp_values):
                 continue
-            if cp > 1 and seq_len % (2 * cp) or mamba_cp_problem(model, tp, cp):
+            if cp > 1 and seq_len % (2 * cp) or model_cp_problem(model, tp, cp):
                 continue
             for kind in (kinds if cp > 1 else kinds[:1]):
                 if kind == "ulysses" and ulysses_problem(model, tp, cp):

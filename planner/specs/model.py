@@ -24,7 +24,7 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3"
 HYBRID = ("nemotron_h",)
 #: model_type values with a GPT-style block (LayerNorm, a non-gated GELU MLP), each read by its own field names
 GPT_LIKE = ("gpt2", "gpt_neox", "falcon", "starcoder2", "mpt")
-SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GPT_LIKE + HYBRID + ("llava",)
+SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GPT_LIKE + HYBRID + ("llava", "mllama")
 #: per Llama-like family, what its config.json does not spell out (transformers' modeling_<type>.py): QK-norm
 #: ("head": one RMSNorm weight of head_dim for queries and one for keys, Qwen3 / Gemma 3; "full": over the whole
 #: query and key widths, OLMo 2), norms per layer (Gemma 2 / 3 norm before and after attention and MLP), biases of
@@ -81,6 +81,9 @@ class LayerKind:
 #: a transformer's dense and MoE decoder layers
 DENSE_LAYER = LayerKind()
 MOE_LAYER = LayerKind(ffn="moe")
+#: a decoder layer whose mixer is cross-attention from the text tokens to an image's encoded tokens, then an MLP
+#: (Llama 3.2 Vision, transformers' MllamaCrossAttentionDecoderLayer)
+CROSS_ATTENTION_LAYER = LayerKind(mixer="cross_attention")
 #: Megatron-Core's hybrid layer symbols (megatron/core/models/hybrid/hybrid_layer_allocation.py ``Symbols``) and the
 #: kind of layer each builds, in the order :attr:`ModelSpec.layer_kinds` lists them
 HYBRID_SYMBOLS = {"M": LayerKind(mixer="mamba", ffn=""), "*": LayerKind(ffn=""),
@@ -163,6 +166,18 @@ class ModelSpec:
     vision_heads: int = 0
     vision_tokens: int = 0
     vision_images: int = 0
+    #: width of the encoder's output the projector reads (Llama 3.2 Vision: the final and five intermediate layers'
+    #: states concatenated, 7680); 0: LLaVA's two-layer MLP from ``vision_hidden_size``
+    vision_output_dim: int = 0
+    #: the encoder's parameters outside its layers and projector, counted from the config at load time (Llama 3.2
+    #: Vision: patch, class, position and tile-position embeddings, the pre / post norms, the global layers' gates,
+    #: the image tokens' embedding rows); 0 where they are left out (LLaVA's CLIP: under 1M)
+    vision_extra_params: int = 0
+    #: cross-attention layers (Llama 3.2 Vision): one letter per decoder layer, "X" a cross-attention layer over the
+    #: images' tokens, "S" a self-attention layer; "" = none. ``cross_attention_tokens``: the keys one image gives
+    #: those layers (its tiles' patch and class tokens, without the encoder's padding)
+    cross_attention_pattern: str = ""
+    cross_attention_tokens: int = 0
     #: a hybrid model's layers in order, one Megatron-Core hybrid symbol each (:data:`HYBRID_SYMBOLS`: "M" Mamba-2,
     #: "*" attention, "-" MLP, "E" MoE; Hugging Face ``hybrid_override_pattern``); "" = transformer decoder layers
     layer_pattern: str = ""
@@ -266,6 +281,8 @@ class ModelSpec:
             return (DENSE_LAYER, MOE_LAYER)
         if self.positional_windows:
             return (LayerKind(window=False), LayerKind(window=True))
+        if self.cross_attention_pattern:
+            return (DENSE_LAYER, CROSS_ATTENTION_LAYER)
         return (DENSE_LAYER,)
 
     @property
@@ -279,6 +296,8 @@ class ModelSpec:
             return tuple(int(i >= self.first_k_dense_layers) for i in range(self.num_layers))
         if self.positional_windows:
             return tuple(int(c == "L") for c in self.attention_pattern)
+        if self.cross_attention_pattern:
+            return tuple(int(c == "X") for c in self.cross_attention_pattern)
         return (0,) * self.num_layers
 
     def uniform(self, kind: int) -> "ModelSpec":
@@ -291,6 +310,8 @@ class ModelSpec:
             return self.with_(first_k_dense_layers=0 if kind else L, moe_layer_pattern="")
         if self.positional_windows:
             return self.with_(attention_pattern="LG"[not kind] * L, sliding_window_layers=L if kind else 0)
+        if self.cross_attention_pattern:
+            return self.with_(cross_attention_pattern="SX"[kind] * L)
         return self
 
     @property
@@ -304,14 +325,15 @@ class ModelSpec:
 
     @property
     def vision_encoder(self) -> "ModelSpec | None":
-        """The vision encoder as a model of its own (a bidirectional ViT: LayerNorm, GELU MLP, biases), or None."""
+        """The vision encoder as a model of its own (a bidirectional ViT: LayerNorm, GELU MLP with biases; biased
+        attention projections in LLaVA's CLIP, none in Llama 3.2 Vision's MllamaVisionAttention), or None."""
         if not self.vision_layers:
             return None
         return ModelSpec(name=f"{self.name}-vision", model_type="vit", hidden_size=self.vision_hidden_size,
                          ffn_hidden_size=self.vision_ffn_hidden_size, num_layers=self.vision_layers,
                          num_heads=self.vision_heads, num_kv_heads=self.vision_heads, vocab_size=1,
-                         max_seq_len=self.vision_tokens, gated_mlp=False, norm="layernorm", linear_bias=True,
-                         mlp_bias=True, causal=False)
+                         max_seq_len=self.vision_tokens, gated_mlp=False, norm="layernorm",
+                         linear_bias=not self.cross_attention_pattern, mlp_bias=True, causal=False)
 
     @property
     def is_mla(self) -> bool:
@@ -454,8 +476,10 @@ def model_from_config(data: Any, *, source: str = "<config>", default_name: str 
     model_type = f.str("model_type")
     name = f.str("name", default_name) if "name" in f.data else default_name
     src = f.data.get("source", "") if isinstance(f.data.get("source", ""), str) else ""
-    if model_type == "llava":
-        return _llava(f, name, src, source)
+    if model_type in ("llava", "mllama"):  # a language model behind a vision encoder: the pair's checks too
+        spec = (_llava if model_type == "llava" else _mllama)(f, name, src, source)
+        validate_model(spec, source)
+        return spec
     if model_type in NESTED_TEXT_CONFIG:  # a multimodal checkpoint: the language model's own config
         text = f.data.get("text_config")
         if isinstance(text, dict):
@@ -684,6 +708,71 @@ def _llava(f: "_Fields", name: str, src: str, source: str) -> ModelSpec:
                       vision_tokens=(image // patch) ** 2 + 1, vision_images=1)
 
 
+#: transformers' MllamaVisionConfig defaults (configuration_mllama.py): the five intermediate layers whose states
+#: join the last one's, and the eight supported tile aspect ratios of four tiles
+MLLAMA_INTERMEDIATE_LAYERS = 5
+MLLAMA_ASPECT_RATIOS = 8
+#: the Mllama vision encoder pads each tile's patch tokens to a multiple of this (MllamaVisionModel.forward)
+MLLAMA_TILE_PAD = 8
+#: transformers' MllamaTextConfig defaults, for the fields a text_config leaves out (configuration_mllama.py)
+MLLAMA_TEXT_DEFAULTS = {"vocab_size": 128256, "hidden_size": 4096, "num_hidden_layers": 40, "num_attention_heads": 32,
+                        "num_key_value_heads": 8, "intermediate_size": 14336, "max_position_embeddings": 131072,
+                        "tie_word_embeddings": False}
+
+
+def _mllama(f: "_Fields", name: str, src: str, source: str) -> ModelSpec:
+    """Llama 3.2 Vision (transformers' ``MllamaConfig``, modeling_mllama.py): a Llama decoder (``text_config``)
+    whose layers listed in ``cross_attention_layers`` cross-attend (queries from the text, keys and values from the
+    images' tokens, RMSNorms on per-head queries and keys, tanh gates) instead of self-attending, behind a ViT
+    (``vision_config``) over up to ``max_num_tiles`` tiles of ``image_size`` pixels in ``patch_size`` patches: each
+    tile (patches + a class token, padded to a multiple of 8) runs ``num_hidden_layers`` local and
+    ``num_global_layers`` gated global layers (LayerNorm, GELU MLP with biases, projections without), the tiles'
+    tokens attending each other; the last state and five intermediate ones (``vision_output_dim``) go through one
+    linear projector (with bias) into the text width. One image (all its tiles) per sample. Parameters outside the
+    layers, counted here: the patch convolution (no bias), the class embedding, the gated position embedding and
+    the per-aspect-ratio tile position embedding of every patch, the pre- and post-tile aspect-ratio embeddings
+    with their gates, the pre / post LayerNorms, two gates per global layer, and the 8 image tokens' rows of the
+    text embedding (``vocab_size + 8``). Llama-3.2-11B-Vision: 10,670,220,835 parameters."""
+    text = f.data.get("text_config")
+    vision = f.data.get("vision_config")
+    if not isinstance(text, dict) or not isinstance(vision, dict):
+        raise PlannerError("an mllama config needs text_config and vision_config objects", source=source,
+                           field="text_config", fix="pass the checkpoint's config.json")
+    spec = model_from_config({"model_type": "llama", **MLLAMA_TEXT_DEFAULTS,
+                              **{k: v for k, v in text.items() if k != "model_type"}, "name": name, "source": src},
+                             source=source, default_name=name)
+    t = _Fields(text, f"{source}: text_config")
+    layers = spec.num_layers
+    marks = text.get("cross_attention_layers", [3, 8, 13, 18, 23, 28, 33, 38])
+    if not isinstance(marks, list) or not all(isinstance(i, int) and 0 <= i < layers for i in marks) or not marks:
+        raise PlannerError(f"cross_attention_layers must list layer indices below {layers}", source=t.source,
+                           field="cross_attention_layers")
+    v = _Fields(vision, f"{source}: vision_config")
+    image, patch = v.int("image_size", default=448), v.int("patch_size", default=14)
+    if image % patch:
+        raise PlannerError(f"image_size {image} is not a multiple of patch_size {patch}", source=v.source,
+                           field="patch_size")
+    d = v.int("hidden_size", default=1280)
+    tiles = v.int("max_num_tiles", default=4)
+    local, glob = v.int("num_hidden_layers", default=32), v.int("num_global_layers", default=8)
+    patches = (image // patch) ** 2 + 1  # + the class token
+    padded = -(-patches // MLLAMA_TILE_PAD) * MLLAMA_TILE_PAD
+    out_dim = v.int("vision_output_dim", default=d * (1 + MLLAMA_INTERMEDIATE_LAYERS))
+    ratios = vision.get("supported_aspect_ratios") or [None] * MLLAMA_ASPECT_RATIOS
+    if not isinstance(ratios, list):
+        raise PlannerError("must be a list of [rows, columns] tile layouts", source=v.source,
+                           field="supported_aspect_ratios")
+    ratios = len(ratios)
+    extra = (d * v.int("num_channels", default=3) * patch * patch + d + patches * d + (ratios + 1) * tiles * patches * d
+             + 1 + 2 * ((ratios + 1) * tiles * d + 1) + 2 * 2 * d + 2 * glob + 8 * spec.hidden_size)
+    return spec.with_(model_type="mllama", vision_layers=local + glob, vision_hidden_size=d,
+                      vision_ffn_hidden_size=v.int("intermediate_size", default=5120),
+                      vision_heads=v.int("attention_heads", "num_attention_heads", default=16),
+                      vision_tokens=tiles * padded, vision_images=1, vision_output_dim=out_dim,
+                      vision_extra_params=extra, cross_attention_tokens=tiles * patches,
+                      cross_attention_pattern="".join("X" if i in marks else "S" for i in range(layers)))
+
+
 def _sliding_window(f: "_Fields", model_type: str, layers: int, global_every: int = 0) -> tuple[int, int, str]:
     """(window, layers that use it) from a config.json: ``layer_types`` counts the "sliding_attention" layers
     (transformers' convention, gpt-oss and Gemma 3 write it); without it Mistral applies ``sliding_window`` to every
@@ -744,6 +833,13 @@ def validate_model(spec: ModelSpec, source: str) -> None:
         raise PlannerError(f"attention_pattern must hold one L (sliding window) or G (global) per layer, "
                            f"{spec.sliding_window_layers} L of {spec.num_layers}", source=source,
                            field="attention_pattern")
+    if spec.cross_attention_pattern and (len(spec.cross_attention_pattern) != spec.num_layers
+                                         or set(spec.cross_attention_pattern) - set("SX")
+                                         or not spec.vision_layers or not spec.cross_attention_tokens
+                                         or spec.is_moe or spec.layer_pattern or spec.positional_windows):
+        raise PlannerError(f"cross_attention_pattern must give S or X for each of the {spec.num_layers} layers of a "
+                           "dense model with a vision encoder and cross_attention_tokens > 0", source=source,
+                           field="cross_attention_pattern")
     if spec.vision_layers and (not spec.vision_heads or spec.vision_hidden_size % spec.vision_heads
                                or not spec.vision_tokens or not spec.vision_images):
         raise PlannerError(f"vision encoder: hidden size {spec.vision_hidden_size} must split into "
