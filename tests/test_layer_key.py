@@ -22,7 +22,8 @@ CHANGES = {"tp": dict(tp=4), "cp": dict(cp=4), "cp_kind": dict(cp_kind="ulysses"
            "offload_modules": dict(offload_modules="core_attn"), "attention_kernel": dict(attention_kernel="flash-attention-3"),
            "per_expert_gemm_calls": dict(per_expert_gemm_calls=False),
            "recompute_fused_attention": dict(recompute_fused_attention=False), "ep_dispatcher": dict(ep_dispatcher="deepep"),
-           "activation_fp8_input_store": dict(activation_fp8_input_store=True)}
+           "activation_fp8_input_store": dict(activation_fp8_input_store=True),
+           "moe_load_factor": dict(moe_load_factor=1.25)}
 
 
 def test_every_layer_field_changes_the_cache_key():

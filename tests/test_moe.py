@@ -555,3 +555,54 @@ def test_a_stack_release_carries_its_own_expert_issue_times(tmp_path):
     with pytest.raises(PlannerError) as e:
         stack_from_dict(data, source="s.json")
     assert e.value.field == "expert_gemm_call_us.h100-80gb-sxm"
+
+
+# --- routing load on the busiest expert-parallel rank (--moe-load-factor) ------------------------------------------
+def test_the_busiest_ranks_load_scales_its_expert_work_and_all_to_alls_by_hand():
+    """Mixtral 8x7B, EP 8, micro-batch 1 x 4096: with the busiest rank at 1.3x the mean its grouped expert GEMMs
+    compute 1.3x the copies (4096 x 2 / 1 local expert x 1.3), its all-to-alls move 1.3x the bytes, its kept expert
+    inputs are 1.3x; nothing changes without EP (every rank holds every expert) or in a dense layer."""
+    from planner.cost.memory import activation_bytes_per_layer
+
+    m = load_model("mixtral-8x7b")
+    h100 = load_cluster("h100-80gb-sxm")
+    base = RunConfig(num_gpus=8, ep=8, global_batch_size=8, seq_len=4096, recompute="none")
+    busy = base.with_(moe_load_factor=1.3)
+    ops = {o.name: o for o in layer_ops(m, busy, MOE_LAYER)}
+    assert float(ops["experts_in"].flops) == pytest.approx(2 * 4096 * 2 * 1.3 * 4096 * 2 * 14336)
+    g = comm.groups_for(h100, 1, 1, 8, 1, 8)
+    assert float(ep_layer_cost(m, h100, busy, g.ep, g.tp).all_to_all_s) == pytest.approx(
+        float(comm.all_to_all_s(h100, g.ep, 1.3 * dispatch_bytes(m, base))))
+    extra = float(activation_bytes_per_layer(m, busy, kind=MOE_LAYER) - activation_bytes_per_layer(m, base,
+                                                                                                  kind=MOE_LAYER))
+    per_copy = 2 * 4096 + 2 * 14336 * 2 + 2 * 14336  # fc1 input, the SwiGLU's two halves, fc2's input (bf16)
+    assert extra == pytest.approx(0.3 * 4096 * 2 * per_copy)
+    no_ep = RunConfig(num_gpus=8, global_batch_size=8, seq_len=4096)
+    assert estimate(m, h100, no_ep.with_(moe_load_factor=1.3)).step_time_s == estimate(m, h100, no_ep).step_time_s
+    dense = load_model("llama-3.1-8b")
+    assert estimate(dense, h100, no_ep.with_(moe_load_factor=2.0)).step_time_s == \
+        estimate(dense, h100, no_ep).step_time_s
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(min_value=1.0, max_value=3.0), st.floats(min_value=0.0, max_value=1.0))
+def test_a_heavier_busiest_rank_is_never_faster_and_never_smaller(load, more):
+    m = load_model("mixtral-8x7b")
+    h100 = load_cluster("h100-80gb-sxm")
+    cfg = RunConfig(num_gpus=16, tp=2, ep=8, global_batch_size=32, seq_len=4096)
+    a, b = estimate(m, h100, cfg.with_(moe_load_factor=load)), estimate(m, h100, cfg.with_(moe_load_factor=load + more))
+    assert b.step_time_s >= a.step_time_s and b.peak_memory_bytes >= a.peak_memory_bytes
+
+
+def test_moe_load_factor_through_the_cli_and_the_plan_json():
+    runner = CliRunner()
+    base = ["--model", "mixtral-8x7b", "--cluster", "h100-80gb-sxm", "--gpus", "16", "--global-batch", "64",
+            "--seq-len", "4096"]
+    r = runner.invoke(app, ["estimate", *base, "--ep", "8", "--moe-load-factor", "1.2", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["options"]["moe_load_factor"] == 1.2
+    from planner.plan import config_from_dict
+    assert config_from_dict(d).moe_load_factor == 1.2
+    r = runner.invoke(app, ["plan", *base, "--moe-load-factor", "0.9"])
+    assert r.exit_code == 2 and "--moe-load-factor" in r.output

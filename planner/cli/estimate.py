@@ -14,7 +14,7 @@ from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict, request_warnings
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, OFFLOAD_MODULES, PRECISIONS, RECOMPUTE_MODES,
                                    RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
-                                   canonical_recompute_modules, parse_megatron_layout)
+                                   canonical_recompute_modules, moe_load_factor_value, parse_megatron_layout)
 from planner.specs.stack import (DEFAULT_STACK, GRAD_REDUCE_DTYPES, activation_fp8_input_store, adam_moment_bytes,
                                   load_stack)
 from planner.validation.bands import band_for
@@ -122,6 +122,10 @@ def estimate(
                                           help="fp8 runs: the linear weights kept and all-gathered in fp8 by the "
                                                "sharded optimizer / FSDP (Megatron --fp8-param-gather; default: the "
                                                "stack's)"),
+    moe_load_factor: float = typer.Option(1.0, "--moe-load-factor",
+                                          help="MoE: the busiest expert-parallel rank's routed tokens over the mean "
+                                               "(1: balanced, as benchmarks force it; a dropless run's data is "
+                                               "above; a capacity factor with padding: that factor)"),
     act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
                                        help="SwiGLU activations keep their input for backward in fp8 instead of "
                                             "bf16 (Megatron-Core activation_func_fp8_input_store; Megatron-Bridge "
@@ -195,7 +199,8 @@ def estimate(
                     ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers, offload_modules=offload,
                     fused_cross_entropy=fused_cross_entropy, pipeline_flushes=pipeline_flushes,
                     adam_moment_bytes=adam_moment_bytes(adam_moments, run_stack),
-                    activation_fp8_input_store=activation_fp8_input_store(act_fp8_store, run_stack, spec.gated_mlp))
+                    activation_fp8_input_store=activation_fp8_input_store(act_fp8_store, run_stack, spec.gated_mlp),
+                    moe_load_factor=moe_load_factor_value(moe_load_factor))
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),

@@ -16,7 +16,7 @@ from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_L
                                  print_length_tables)
 from planner.errors import PlannerError
 from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search_plans
-from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS, moe_load_factor_value
 from planner.specs.stack import (ANY_STACK, DEFAULT_STACK, activation_fp8_input_store, adam_moment_bytes, load_stack,
                                   stack_name_for)
 from planner.validation.bands import band_for
@@ -137,6 +137,9 @@ def plan(
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
+    moe_load_factor: float = typer.Option(1.0, "--moe-load-factor",
+                                          help="MoE: the busiest expert-parallel rank's routed tokens over the mean "
+                                               "(1: balanced; the run's data, not searched)"),
     act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
                                        help="SwiGLU activations keep their input for backward in fp8 (Megatron-Core "
                                             "activation_func_fp8_input_store; the run's choice, not searched)"),
@@ -193,6 +196,7 @@ def plan(
                                        ("--ep-dispatcher", ep_dispatcher is not None), ("--objective", objective != "time"),
                                        ("--adam-moments", adam_moments != "fp32"),
                                        ("--activation-fp8-input-store", act_fp8_store),
+                                       ("--moe-load-factor", moe_load_factor != 1.0),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
                                        ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
@@ -215,6 +219,7 @@ def plan(
         choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
     moment_bytes = adam_moment_bytes(adam_moments, run_stack)
     fp8_store = activation_fp8_input_store(act_fp8_store, run_stack, spec.gated_mlp)
+    moe_load_factor = moe_load_factor_value(moe_load_factor)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
     if packed:
         from planner.cost.variable_length import packed_attention_cv
@@ -238,13 +243,14 @@ def plan(
                                      recompute_modules=modules, constraints=cons, packed_doc_len=packed,
                                      packed_attention_cv=packed_cv, offload_modules=offload_modules,
                                      attention_kernel=attention_kernel, ep_dispatcher=ep_dispatcher,
-                                     adam_moment_bytes=moment_bytes, activation_fp8_input_store=fp8_store)
+                                     adam_moment_bytes=moment_bytes, activation_fp8_input_store=fp8_store,
+                                     moe_load_factor=moe_load_factor)
         from planner.search.space import SearchSpace
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
                             packed_attention_cv=packed_cv, offload_modules=offload_modules,
                             attention_kernel=attention_kernel or "", adam_moment_bytes=moment_bytes,
-                            activation_fp8_input_store=fp8_store,
+                            activation_fp8_input_store=fp8_store, moe_load_factor=moe_load_factor,
                             **({"ep_dispatchers": (ep_dispatcher,)} if ep_dispatcher else {}))
         if cons is not None:
             space = cons.narrow([space], "the search")[0]

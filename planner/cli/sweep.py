@@ -149,6 +149,9 @@ def sweep(
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision: bf16 | fp16 | fp8 | mxfp8"),
     adam_moments: str = typer.Option("fp32", "--adam-moments", help="Dtype of Adam's two moments: fp32 | bf16 "
                                                                     "(Megatron-Core's precision-aware optimizer)"),
+    moe_load_factor: float = typer.Option(1.0, "--moe-load-factor",
+                                          help="MoE: the busiest expert-parallel rank's routed tokens over the mean "
+                                               "(1: balanced)"),
     act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
                                        help="SwiGLU activations keep their input for backward in fp8 (Megatron-Core "
                                             "activation_func_fp8_input_store)"),
@@ -201,6 +204,8 @@ def sweep(
     run_stack = load_stack(sweep_stack) if sweep_stack is not None else None
     adam_moment_bytes(adam_moments, run_stack)  # named as the command line names them, before the work
     activation_fp8_input_store(act_fp8_store, run_stack)
+    from planner.specs.config import moe_load_factor_value
+    moe_load_factor_value(moe_load_factor)
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
                                      dp_shard)
     varied = vary_values(vary)
@@ -233,6 +238,7 @@ def sweep(
                            vary=varied or None, prices=prices, train_tokens=train_tokens, backend=backend,
                            scheduler=scheduler, on_row=stream.write if stream is not None else None,
                            adam_moments=adam_moments, activation_fp8_input_store=act_fp8_store,
+                           moe_load_factor=moe_load_factor,
                            progress=lambda done, _total: progress.update(task, completed=done))
         except BaseException:
             if stream is not None and stream.count:

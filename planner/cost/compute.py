@@ -197,9 +197,9 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
     return ops
 
 
-def image_keys(model: ModelSpec, cfg: Config):
+def image_keys(model: ModelSpec) -> float:
     """Keys one sample's cross-attention queries see: its images' tokens (``cross_attention_tokens`` each)."""
-    return model.vision_images * model.cross_attention_tokens + 0.0 * np.asarray(cfg.micro_batch_size)
+    return float(model.vision_images * model.cross_attention_tokens)
 
 
 def cross_attention_ops(model: ModelSpec, cfg: Config) -> list[Op]:
@@ -212,11 +212,11 @@ def cross_attention_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     or CP). The unfused path: per-head batched GEMMs over the T x V scores and their softmax."""
     t, h = cfg.tp, model.hidden_size
     T = cfg.tokens_per_rank
-    keys = image_keys(model, cfg)
+    keys = image_keys(model)
     V = cfg.micro_batch_size * keys
     flash = np.asarray(cfg.flash_attention, dtype=bool)
     ops = _linear("q_proj", T, h, model.q_dim / t, cfg) + _linear("cross_kv_proj", V, h, 2 * model.kv_dim / t, cfg)
-    core_flops = 2.0 * T * keys * (model.q_dim + model.q_dim) / t
+    core_flops = 2.0 * T * keys * 2 * model.q_dim / t  # QK^T and scores x V, q_dim wide each
     shape = AttentionShape(head_dim=model.head_size, keys=keys, causal=False, kernel=cfg.attention_kernel)
     ops.append(Op("attention_core", "attention", flops=np.where(flash, core_flops, 0.0),
                   bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape, recompute_module="core_attn",
@@ -234,6 +234,14 @@ def cross_attention_ops(model: ModelSpec, cfg: Config) -> list[Op]:
                   bwd_ratio=ELEMENTWISE_BWD_RATIO, weight_grad_fraction=0.0))
     ops += _linear("attn_out_proj", T, model.q_dim / t, h, cfg)
     return ops
+
+
+def moe_load(cfg: Config):
+    """The busiest expert-parallel rank's routed token copies over the mean (``RunConfig.moe_load_factor``), where
+    experts are split over ranks (EP > 1); 1 without EP, where every rank holds every expert and computes all of
+    its tokens' copies whatever their spread. The all-to-alls synchronize the EP group, so that rank's expert
+    GEMMs, activations and received volume are the layer's."""
+    return np.where(np.asarray(cfg.ep) > 1, cfg.moe_load_factor, 1.0)
 
 
 def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
@@ -254,7 +262,8 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         # each, each expert's matrices split over the etp ranks
         etp = cfg.expert_tp
         local = model.num_experts / cfg.ep
-        m_e = T * k / local * expert_tp_token_share(cfg)
+        # the busiest EP rank's copies (moe_load: RunConfig.moe_load_factor, 1 balanced) set the layer's pace
+        m_e = T * k / local * expert_tp_token_share(cfg) * moe_load(cfg)
         # host calls of the grouped GEMM: one per local expert where the stack loops over them
         # (RunConfig.per_expert_gemm_calls), none that can bind where one grouped kernel runs them all
         per_expert = np.asarray(cfg.per_expert_gemm_calls, dtype=bool)
@@ -301,8 +310,8 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
     norm_elems = NORM_ELEMENTS
     resid_elems = 3 + (0.5 if model.dropout else 0)  # fused bias-dropout-add: read x and residual, write; 1-B mask
     per_elem = 3 if model.gated_mlp else 2  # SwiGLU: read 2f write f; GeLU: read + write
-    if kind.moe:
-        routed_width = model.moe_ffn_hidden_size * model.experts_per_token / t
+    if kind.moe:  # the busiest EP rank's copies (:func:`moe_load`)
+        routed_width = model.moe_ffn_hidden_size * model.experts_per_token / t * moe_load(cfg)
         shared_width = model.moe_ffn_hidden_size * model.num_shared_experts / t
     else:
         routed_width, shared_width = 0.0, (model.ffn_hidden_size / t if kind.ffn else 0.0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.compute import ACT_BYTES, FP8_STORE_BYTES, Config, image_keys, expert_tp_token_share, sp_degree
+from planner.cost.compute import ACT_BYTES, FP8_STORE_BYTES, Config, image_keys, moe_load, expert_tp_token_share, sp_degree
 from planner.specs.config import per_precision, recompute_module_on
 from planner.specs.model import DENSE_LAYER, MOE_LAYER, LayerKind, ModelSpec
 
@@ -221,8 +221,8 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         return (mode == "selective") & recompute_module_on(cfg.recompute_modules, module)
 
     moe, attention = kind.moe, kind.mixer == "attention"
-    if moe:
-        k = model.experts_per_token
+    if moe:  # the routed copies the busiest EP rank holds (compute.moe_load: k with balanced routing)
+        k = model.experts_per_token * moe_load(cfg)
         f_total = model.moe_ffn_hidden_size * (k + model.num_shared_experts)
     else:
         f_total = model.ffn_hidden_size if kind.ffn else 0
@@ -276,14 +276,14 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         # activation (megatron/core/transformer/moe/experts.py, since Megatron-Core 0.13), so the combine keeps
         # no expert outputs for their gradient.
         per_token = per_token + np.where(moe_block, 0.0,
-                                         lin * model.experts_per_token * h * expert_tp_token_share(cfg))
+                                         lin * k * h * expert_tp_token_share(cfg))
     if attention:
         scores = (5 if model.dropout else 2) * model.num_heads * cfg.seq_len / cfg.cp / t  # unfused score matrix
         lse = 4 * model.num_heads / t  # softmax log-sum-exp kept by the flash kernel (fp32)
         per_token = per_token + np.where(flash, lse, np.where(on("core_attn"), 0.0, scores))
     image = 0.0
     if kind.mixer == "cross_attention":
-        keys = image_keys(model, cfg)
+        keys = image_keys(model)
         scores = 2 * model.num_heads * keys / t  # unfused: the T x V score matrix (bf16), no dropout
         per_token = per_token + np.where(flash, 4 * model.num_heads / t, np.where(on("core_attn"), 0.0, scores))
         # per image token: K and V (bf16) and the key RMSNorm's input, split by TP; the K / V projections' input
@@ -319,7 +319,7 @@ def offloaded_bytes_per_layer(model: ModelSpec, cfg: Config, kind: LayerKind = D
                                                                model.attn_v_dim) / t
     per_token = per_token + attention * on("attn_proj") * (2 + fp8_copy) * model.attn_out_dim / t
     if kind.moe:
-        k = model.experts_per_token
+        k = model.experts_per_token * moe_load(cfg)  # the busiest EP rank's copies
         per_token = per_token + on("expert_fc1") * lin * k * h * expert_tp_token_share(cfg)
         per_token = per_token + on("moe_act") * activation_input_bytes(model, cfg) * model.moe_ffn_hidden_size * k / t
     return np.where(np.asarray(cfg.recompute) == "full", 0.0, cfg.tokens_per_rank * per_token)

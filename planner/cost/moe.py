@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import ACT_BYTES, Config, expert_tp_token_share, sp_degree
+from planner.cost.compute import ACT_BYTES, Config, expert_tp_token_share, moe_load, sp_degree
 from planner.cost.memory import dense_mlp_params
 from planner.specs.config import NODE_DEDUP_DISPATCHERS, RunConfig
 from planner.specs.hardware import Cluster
@@ -92,7 +92,7 @@ def node_dedup_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: Config, ep_
     nodes = -(-ep_group.size // g)  # a last, partly filled node counts
     limit = np.where(model.expert_groups % nodes == 0, model.expert_groups_per_token, 0)
     per_token = model.hidden_size * ACT_BYTES
-    T = cfg.tokens_per_rank / sp_degree(cfg)
+    T = cfg.tokens_per_rank / sp_degree(cfg) * moe_load(cfg)  # the busiest rank receives the most
     remote = expected_nodes_per_token(model.experts_per_token, nodes, limit) * (nodes - 1) / nodes
     t_inter = T * remote * per_token / cluster.inter_node.bus_bandwidth_bytes_per_s
     t_intra = T * model.experts_per_token * (g - 1) / g * per_token / cluster.intra_node.bus_bandwidth_bytes_per_s
@@ -121,7 +121,9 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: com
     that a dense MLP does (Megatron's all-gather dispatcher), already counted as TP communication: zero here.
     """
     has_ep = np.asarray(cfg.ep) > 1
-    a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg))
+    # the busiest rank (moe_load: RunConfig.moe_load_factor) receives and returns the most copies and sets the pace
+    load = moe_load(cfg)
+    a2a = comm.all_to_all_s(cluster, ep_group, dispatch_bytes(model, cfg) * load)
     dedup = np.isin(np.asarray(cfg.ep_dispatcher), NODE_DEDUP_DISPATCHERS)
     if np.any(dedup):
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -129,7 +131,7 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: com
         a2a = np.where(dedup & np.asarray(ep_group.spans_nodes), once_per_node, a2a)
     a2a = np.where(has_ep, a2a, 0.0)
     per_token_bytes = model.experts_per_token * model.hidden_size * ACT_BYTES
-    gathered = cfg.tokens_per_rank * expert_tp_token_share(cfg) * per_token_bytes
+    gathered = cfg.tokens_per_rank * expert_tp_token_share(cfg) * per_token_bytes * load
     etp = comm.all_gather_s(cluster, etp_group, gathered) + comm.reduce_scatter_s(cluster, etp_group, gathered)
     etp = np.where(has_ep, etp, 0.0)  # all_gather_s is 0 for tp = 1
     one_way = 2 * a2a + etp

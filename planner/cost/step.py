@@ -410,14 +410,14 @@ def pipeline_message_bytes(model: ModelSpec, cfg: Config):
     read and whose gradient they send back: a decoder stage that cross-attends receives the encoder's output beside
     its hidden state (Megatron-Core's encoder-and-decoder schedules send both tensors,
     megatron/core/pipeline_parallel/schedules.py get_tensor_shapes, core_v0.12.0)."""
-    states = cfg.micro_batch_size * image_keys(model, cfg) if model.cross_attention_pattern else 0.0
+    states = cfg.micro_batch_size * image_keys(model) if model.cross_attention_pattern else 0.0
     return (cfg.tokens_per_rank + states) * model.hidden_size * ACT_BYTES / cfg.tp
 
 
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
                epo, fused_ce=True, packed_doc_len=0.0, offload_modules="", attention_kernel="",
                per_expert_calls=True, recompute_fused_attention=True, ep_dispatcher="alltoall",
-               act_fp8_store=False) -> tuple:
+               act_fp8_store=False, moe_load=1.0) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
@@ -427,7 +427,7 @@ def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, prec
             precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce),
             float(packed_doc_len), offload_modules, attention_kernel if flash else "", bool(per_expert_calls),
             bool(recompute_fused_attention and flash and selective), ep_dispatcher if ep > 1 else "alltoall",
-            bool(act_fp8_store))
+            bool(act_fp8_store), float(moe_load) if ep > 1 else 1.0)
 
 
 class LayerCostCache:
@@ -465,7 +465,7 @@ class LayerCostCache:
                           cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
                           cfg.fused_cross_entropy, cfg.packed_doc_len, cfg.offload_modules, cfg.attention_kernel,
                           cfg.per_expert_gemm_calls, cfg.recompute_fused_attention, cfg.ep_dispatcher,
-                          cfg.activation_fp8_input_store)
+                          cfg.activation_fp8_input_store, cfg.moe_load_factor)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
               kind: int) -> LayerCost:

@@ -248,6 +248,9 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("grad_reduce_bytes", f"must be 2 (bf16) or 4 (fp32), got {cfg.grad_reduce_bytes}"))
     if cfg.recompute not in RECOMPUTE_MODES:
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
+    if not (1.0 <= cfg.moe_load_factor < float("inf")):
+        out.append(("moe_load_factor", f"the busiest EP rank's load over the mean must be >= 1 (1: balanced routing), "
+                                       f"got {cfg.moe_load_factor}"))
     if cfg.activation_fp8_input_store and not model.gated_mlp:
         # Megatron-Core: "Storing activation input in FP8 is supported only for SwiGLU." (transformer_config.py)
         out.append(("activation_fp8_input_store", f"{model.name}'s MLPs are not gated (SwiGLU): Megatron-Core "

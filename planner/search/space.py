@@ -87,6 +87,8 @@ class SearchSpace:
     adam_moment_bytes: int = 4
     #: SwiGLU inputs kept in fp8 (config.RunConfig.activation_fp8_input_store: the request's, not searched)
     activation_fp8_input_store: bool = False
+    #: the busiest EP rank's routed load over the mean (config.RunConfig.moe_load_factor: the request's)
+    moe_load_factor: float = 1.0
     #: selective "core_attn" re-runs the fused attention (config.RunConfig.recompute_fused_attention: the stack's)
     recompute_fused_attention: bool = True
     #: what "selective" recomputation redoes (config.RECOMPUTE_MODULES, canonical string; not searched)

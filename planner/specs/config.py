@@ -85,6 +85,17 @@ PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
 ADAM_MOMENT_DTYPES = {"fp32": 4, "bf16": 2}
 
 
+def moe_load_factor_value(value: float, option: str = "--moe-load-factor") -> float:
+    """A request's ``moe_load_factor`` (:class:`RunConfig`), refused in one line naming ``option`` unless >= 1
+    and finite."""
+    from planner.errors import PlannerError
+
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 1.0 <= value < float("inf")):
+        raise PlannerError(f"must be a number >= 1 (the busiest EP rank's load over the mean), got {value!r}",
+                           source=option, fix="use 1 for balanced routing, or the measured max / mean")
+    return float(value)
+
+
 def per_precision(precision, values, default: float) -> np.ndarray:
     """``values`` ((name, value) pairs) looked up for ``precision`` (a name, or an array of names over a batch);
     ``default`` for names not listed."""
@@ -151,6 +162,12 @@ class RunConfig:
     #: ``activation_func_fp8_input_store``: megatron/core/fusions/fused_bias_swiglu.py ``input.to(torch.float8_e4m3fn)``;
     #: the DeepSeek-V3 report's SwiGLU inputs cached in FP8, Sec. 3.3.3), whatever the GEMM precision
     activation_fp8_input_store: bool = False
+    #: MoE routing's load on the busiest expert-parallel rank over the mean (>= 1): the token copies it receives,
+    #: computes and sends back, which set the pace of every all-to-all and of the layer. 1: balanced routing, what
+    #: the published benchmarks force (Megatron-Core moe_router_force_load_balancing, "only for benchmark",
+    #: transformer_config.py); a dropless run's real data is above it; with a capacity factor C and padding to
+    #: capacity (moe_expert_capacity_factor, moe_pad_expert_input_to_capacity) every rank computes C
+    moe_load_factor: float = 1.0
     #: the fp8 / mxfp8 linear layers hold their weights as Transformer Engine modules under Megatron-Core do
     #: (``memory.held_linear_weight_bytes``): with ``fp8_param_gather`` as quantized tensors instead of bf16
     #: (fp8_model_init), without it bf16 plus a quantized copy kept across the micro-batches of a step (TE's weight
@@ -261,8 +278,9 @@ class RunConfig:
 #: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
-                "grads_in_reduce_dtype", "adam_moment_bytes", "activation_fp8_input_store", "recompute_fused_attention",
-                "recompute_modules", "packed_doc_len", "packed_attention_cv", "offload_modules", "overlap_p2p_comm")
+                "grads_in_reduce_dtype", "adam_moment_bytes", "activation_fp8_input_store", "moe_load_factor",
+                "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
+                "offload_modules", "overlap_p2p_comm")
 
 
 @dataclass(frozen=True)
@@ -278,6 +296,7 @@ class FixedOptions:
     grads_in_reduce_dtype: bool = RunConfig.grads_in_reduce_dtype
     adam_moment_bytes: int = RunConfig.adam_moment_bytes
     activation_fp8_input_store: bool = RunConfig.activation_fp8_input_store
+    moe_load_factor: float = RunConfig.moe_load_factor
     recompute_fused_attention: bool = RunConfig.recompute_fused_attention
     recompute_modules: str = RunConfig.recompute_modules
     packed_doc_len: float = RunConfig.packed_doc_len
@@ -300,7 +319,8 @@ class FixedOptions:
 LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "sequence_parallel", "recompute",
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
                 "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel",
-                "per_expert_gemm_calls", "recompute_fused_attention", "ep_dispatcher", "activation_fp8_input_store")
+                "per_expert_gemm_calls", "recompute_fused_attention", "ep_dispatcher", "activation_fp8_input_store",
+                "moe_load_factor")
 
 
 @dataclass(frozen=True, eq=False)
@@ -334,6 +354,7 @@ class ConfigBatch:
     recompute_fused_attention: np.ndarray
     ep_dispatcher: np.ndarray
     activation_fp8_input_store: np.ndarray
+    moe_load_factor: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -346,7 +367,8 @@ class ConfigBatch:
                  "expert_tp": np.int64,
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
                  "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool,
-                 "recompute_fused_attention": bool, "activation_fp8_input_store": bool}
+                 "recompute_fused_attention": bool, "activation_fp8_input_store": bool,
+                 "moe_load_factor": float}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 
