@@ -131,10 +131,10 @@ def expert_tp_token_share(cfg: Config):
 
 def layer_ops(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> list[Op]:
     """Operators of one decoder layer of kind ``kind`` (``ModelSpec.layer_kinds``), one micro-batch, on one GPU
-    (after TP, CP and SP sharding): its token mixer (:func:`attention_ops` or :func:`mamba_ops`), its feed-forward
-    block (:func:`ffn_ops`: MLP or routed experts) and the memory-bound kernels around them
-    (:func:`elementwise_ops`). A transformer layer holds attention and an MLP or MoE block; a hybrid model's layer
-    one of the four."""
+    (after TP, CP and SP sharding): its token mixer (:func:`attention_ops`, :func:`cross_attention_ops` or
+    :func:`mamba_ops`), its feed-forward block (:func:`ffn_ops`: MLP or routed experts) and the memory-bound kernels
+    around them (:func:`elementwise_ops`). A transformer layer holds attention (or cross-attention) and an MLP or MoE
+    block; a hybrid model's layer one of the four."""
     ops: list[Op] = []
     if kind.mixer == "attention":
         ops += attention_ops(model, cfg, kind.window)

@@ -201,6 +201,8 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
       split by TP: Q 2q, K and V 4kv, attention output 2q, MLP: GELU 4f (input + fc2 input) or SwiGLU 6f
       score matrix (no flash kernel, no selective recompute): 5 a s with dropout (2 a s without), split by TP
       with a QK-norm (Qwen3, Gemma 3, OLMo 2): the norms' inputs, Q 2q and K 2kv, split by TP
+      a cross-attention layer (Llama 3.2 Vision): Q, its norm's input and the attention output per text token; K, V
+      and the key norm's input per image token (b x images x cross_attention_tokens of them), split by TP
     Full recompute keeps only the layer input, 2h (split by TP with SP, as Megatron stores it). Selective
     recomputation drops what its modules redo; "mlp" and "moe" (a dense MLP, a whole MoE block: Megatron-Core's
     ``tensor_parallel.checkpoint`` around it) keep only the block's input, 2h.
