@@ -222,7 +222,8 @@ def estimate(
         if packing:
             from planner.cost.variable_length import packed_config
             cfg = packed_config(cfg, dist)
-    accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1, cfg.cp_kind).to_dict()
+    accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1, cfg.cp_kind,
+                        vision=spec.vision_layers > 0).to_dict()
     for warning in request_warnings(spec, cfg):
         err(f"warning: {warning}")
     if json_out:

@@ -289,7 +289,7 @@ def plan(
         write_export(emitted or {**result.to_dict(), **({"data": data} if data is not None else {})}, emit, out,
                      source="plan", option="--emit")
     accuracy = band_for(hw.gpu.name, precision, spec.is_moe, result.config.cp > 1,
-                        result.config.cp_kind).to_dict()
+                        result.config.cp_kind, vision=spec.vision_layers > 0).to_dict()
     margin = runner_up_margin(result)
     if margin is not None:
         accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]

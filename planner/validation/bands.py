@@ -48,10 +48,12 @@ def precision_class(precision: str) -> str:
     return "fp8" if precision in ("fp8", "mxfp8") else "16-bit"
 
 
-def kind_label(moe: bool, cp: bool, cp_kind: str = "ring") -> str:
+def kind_label(moe: bool, cp: bool, cp_kind: str = "ring", vision: bool = False) -> str:
     """A band cell's kind: dense or MoE, with context parallelism or not; Ulysses CP (all-to-alls of heads, no ring)
-    is a kind of its own, so an estimate of it never borrows the ring rows' band as "runs like this one"."""
-    return ("MoE" if moe else "dense") + ((" with Ulysses CP" if cp_kind == "ulysses" else " with CP") if cp else "")
+    is a kind of its own, so an estimate of it never borrows the ring rows' band as "runs like this one", and so is a
+    model with a vision encoder (LLaVA, Llama 3.2 Vision), of which no published run is in the validation set."""
+    kind = ("MoE" if moe else "dense") + ((" with Ulysses CP" if cp_kind == "ulysses" else " with CP") if cp else "")
+    return kind + (" vision-language" if vision else "")
 
 
 def compute_bands() -> dict:
@@ -81,11 +83,12 @@ def _load() -> list[dict]:
     return json.loads(BANDS_FILE.read_text())["bands"]
 
 
-def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False, cp_kind: str = "ring") -> Band:
+def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False, cp_kind: str = "ring",
+             vision: bool = False) -> Band:
     """The band of an estimate of a run on this GPU at this precision, dense or MoE, with context parallelism (CP
-    > 1, of ``cp_kind``: ring or ulysses) or not."""
+    > 1, of ``cp_kind``: ring or ulysses) or not, of a model with a vision encoder (``vision``) or not."""
     bands = _load()
-    family, prec, kind = gpu_family(gpu_name), precision_class(precision), kind_label(moe, cp, cp_kind)
+    family, prec, kind = gpu_family(gpu_name), precision_class(precision), kind_label(moe, cp, cp_kind, vision)
 
     def pooled(cells: list[dict], label: str, exact: bool) -> Band | None:
         if not cells:
