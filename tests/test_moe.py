@@ -267,17 +267,22 @@ def test_node_limited_dispatch_beats_the_plain_all_to_all_for_deepseek_v3():
     # Megatron's all-to-all dispatcher sends every copy, group-limited routing or not
     assert ep_layer_cost(DSV3, H800, cfg.with_(ep_dispatcher="alltoall"), g.ep, g.tp).all_to_all_s == \
         pytest.approx(plain)
-    # inside one node there is nothing to deduplicate: the plain all-to-all over NVLink
+    # inside one node DeepEP sends a token once per distinct rank: over 8 ranks, with 4 of DeepSeek-V3's 8 expert
+    # groups allowed, R = 4 reachable ranks, 4 (1 - (3/4)^8) = 3.60 of the 8 copies, 7/8 of them leaving the GPU
     g8 = comm.groups_for(H800, 1, 1, cfg.dp, 16, 8)
-    assert ep_layer_cost(DSV3, H800, cfg.with_(ep=8), g8.ep, g8.tp).all_to_all_s == pytest.approx(
-        comm.all_to_all_s(H800, g8.ep, dispatch_bytes(DSV3, cfg)))
+    T, h_bytes = 4096, 7168 * 2
+    by_hand = T * 4 * (1 - 0.75 ** 8) * 7 / 8 * h_bytes / H800.intra_node.bus_bandwidth_bytes_per_s + \
+        7 * H800.intra_node.latency_s
+    assert ep_layer_cost(DSV3, H800, cfg.with_(ep=8), g8.ep, g8.tp).all_to_all_s == pytest.approx(by_hand)
+    assert ep_layer_cost(DSV3, H800, cfg.with_(ep=8, ep_dispatcher="alltoall"), g8.ep, g8.tp).all_to_all_s == \
+        pytest.approx(comm.all_to_all_s(H800, g8.ep, dispatch_bytes(DSV3, cfg)))
 
 
 def test_per_node_dedup_of_an_unrestricted_router_by_hand():
     """Qwen3-30B-A3B (128 experts, top-8, h 2048) with EP 16 over two 8-GPU H100 nodes under DeepEP / HybridEP: a
     token's 8 experts land on 2 (1 - 1/2^8) = 1.992 distinct nodes, half of them remote, so 0.996 copies of h cross
     the NIC per token, where Megatron's all-to-all dispatcher sends the 4 copies bound for the other node; over
-    NVLink the receiving GPU forwards 8 x 7/8 copies."""
+    NVLink a token goes once to each of its distinct ranks, 16 (1 - (15/16)^8) = 6.45 of them, 7/8 off the GPU."""
     from planner.cost.moe import node_dedup_all_to_all_s
     from planner.specs.model import load_model
     qwen = load_model(str(Path(__file__).parent.parent / "planner/validation/models/qwen3-30b-a3b.json"))
@@ -289,7 +294,9 @@ def test_per_node_dedup_of_an_unrestricted_router_by_hand():
     remote_copies = 2 * (1 - 0.5 ** 8) * 1 / 2
     assert remote_copies == pytest.approx(0.99609375)
     t_inter = T * remote_copies * h_bytes / H100.inter_node.bus_bandwidth_bytes_per_s
-    t_intra = T * 8 * 7 / 8 * h_bytes / H100.intra_node.bus_bandwidth_bytes_per_s
+    ranks = 16 * (1 - (15 / 16) ** 8)
+    assert ranks == pytest.approx(6.4525, abs=1e-4)
+    t_intra = T * ranks * 7 / 8 * h_bytes / H100.intra_node.bus_bandwidth_bytes_per_s
     expected = max(t_inter, t_intra) + H100.inter_node.latency_s + 7 * H100.intra_node.latency_s
     assert node_dedup_all_to_all_s(qwen, H100, cfg, g.ep) == pytest.approx(expected)
     assert ep_layer_cost(qwen, H100, cfg, g.ep, g.tp).all_to_all_s == pytest.approx(expected)

@@ -82,12 +82,24 @@ def expected_nodes_per_token(k: int, nodes, max_nodes=0):
         return np.where(n > 0, n * (1.0 - (1.0 - 1.0 / n) ** k), 0.0)
 
 
+def expected_ranks_per_token(model: ModelSpec, ranks):
+    """Expected distinct EP ranks a token's k expert copies land on (balanced routing, experts spread evenly over
+    the ``ranks``): R (1 - (1 - 1/R)^k), R the ranks it may reach, all of them, or with group-limited routing the
+    share ``topk_group`` / ``n_group`` of them (DeepSeek-V3 over EP 64: 4 of 8 groups, 32 ranks, 7.14 of its 8
+    copies; Qwen3-30B-A3B over EP 8: 5.25 of 8)."""
+    ranks = np.asarray(ranks, dtype=float)
+    share = model.expert_groups_per_token / model.expert_groups if model.expert_groups else 1.0
+    return expected_nodes_per_token(model.experts_per_token, np.maximum(1.0, ranks * min(1.0, share)))
+
+
 def node_dedup_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: comm.GroupPlacement):
-    """One dispatch (or combine) with per-node deduplication (DeepSeek-V3 report Sec. 3.2.2; DeepEP / HybridEP):
-    over the NIC each token goes once to each remote node it needs, E[distinct nodes] x (N - 1)/N of them, N the
-    nodes of the EP group (at most ``topk_group`` with group-limited routing); over NVLink the receiving GPU
-    forwards the k copies to their experts' GPUs, (g - 1)/g of them leaving it (g EP members per node). The slower
-    side bounds the time, plus one latency per peer."""
+    """One dispatch (or combine) with DeepEP's / HybridEP's deduplication (DeepSeek-V3 report Sec. 3.2.2; DeepEP
+    deep_ep/buffer.py get_dispatch_layout: ``is_token_in_rank``, a token sent once to each rank holding one of its
+    experts, which expands it over its local experts itself): over the NIC each token goes once to each remote node
+    it needs, E[distinct nodes] x (N - 1)/N of them, N the nodes of the EP group (at most ``topk_group`` with
+    group-limited routing); over NVLink it goes once to each of its distinct ranks (:func:`expected_ranks_per_token`),
+    (g - 1)/g of them leaving the GPU (g EP members per node): forwarded from the receiving GPU across nodes, sent
+    directly inside one. The slower side bounds the time, plus one latency per peer."""
     g = ep_group.members_per_node
     nodes = -(-ep_group.size // g)  # a last, partly filled node counts
     limit = np.where(model.expert_groups % nodes == 0, model.expert_groups_per_token, 0)
@@ -95,7 +107,9 @@ def node_dedup_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: Config, ep_
     T = cfg.tokens_per_rank / sp_degree(cfg) * moe_load(cfg)  # the busiest rank receives the most
     remote = expected_nodes_per_token(model.experts_per_token, nodes, limit) * (nodes - 1) / nodes
     t_inter = T * remote * per_token / cluster.inter_node.bus_bandwidth_bytes_per_s
-    t_intra = T * model.experts_per_token * (g - 1) / g * per_token / cluster.intra_node.bus_bandwidth_bytes_per_s
+    ranks = expected_ranks_per_token(model, ep_group.size)
+    t_intra = T * ranks * (g - 1) / g * per_token / cluster.intra_node.bus_bandwidth_bytes_per_s
+    t_inter = np.where(nodes > 1, t_inter, 0.0)
     return np.maximum(t_inter, t_intra) + (nodes - 1) * cluster.inter_node.latency_s + \
         (g - 1) * cluster.intra_node.latency_s
 
@@ -128,7 +142,7 @@ def ep_layer_cost(model: ModelSpec, cluster: Cluster, cfg: Config, ep_group: com
     if np.any(dedup):
         with np.errstate(divide="ignore", invalid="ignore"):
             once_per_node = node_dedup_all_to_all_s(model, cluster, cfg, ep_group)
-        a2a = np.where(dedup & np.asarray(ep_group.spans_nodes), once_per_node, a2a)
+        a2a = np.where(dedup, once_per_node, a2a)
     a2a = np.where(has_ep, a2a, 0.0)
     per_token_bytes = model.experts_per_token * model.hidden_size * ACT_BYTES
     gathered = cfg.tokens_per_rank * expert_tp_token_share(cfg) * per_token_bytes * load

@@ -104,9 +104,9 @@ class SearchSpace:
     #: pipeline sends overlapped with compute where the schedule runs it (config.RunConfig.overlap_p2p_comm: the
     #: stack's, not searched)
     overlap_p2p_comm: bool = True
-    #: MoE token dispatchers (config.EP_DISPATCHERS; config.RunConfig.ep_dispatcher), searched where an EP group
-    #: spans nodes: only there do they cost differently (planner.cost.moe); elsewhere the first alone. The default:
-    #: Megatron's all-to-all and one per-node dispatch (HybridEP; DeepEP costs the same)
+    #: MoE token dispatchers (config.EP_DISPATCHERS; config.RunConfig.ep_dispatcher), searched per EP placement
+    #: where one may beat another (planner.cost.moe.undominated_dispatchers). The default: Megatron's all-to-all
+    #: and one deduplicating dispatch (HybridEP; DeepEP costs the same)
     ep_dispatchers: tuple[str, ...] = ("alltoall", "hybridep")
     max_tp: int | None = None  # None = one node
     max_cp: int | None = None
@@ -287,13 +287,11 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     kept_on: dict[tuple, list[int]] = {}  # per EP placement (size, GPUs per node), the dispatchers no other beats
 
     def dispatchers(ep, etp):
-        """The dispatcher codes of an EP group: where it spans nodes those of the space's no other beats at any
-        token count (moe.undominated_dispatchers: exact, the rest of a row being the same), else the first alone."""
+        """The dispatcher codes of an EP group: those of the space's no other beats at any token count
+        (moe.undominated_dispatchers: exact, the rest of a row being the same)."""
         if ep <= 1 or len(listed) == 1 or not model.is_moe:
             return first
         g = comm.place_group(ep, etp, cluster.gpus_per_node)  # the EP group as comm.groups_for places it
-        if not g.spans_nodes:
-            return first
         key = (int(g.size), int(g.members_per_node))
         if key not in kept_on:
             kept_on[key] = [EP_DISPATCHERS.index(d) for d in undominated_dispatchers(model, cluster, g, listed)]
