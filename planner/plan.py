@@ -66,6 +66,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({"offload_modules": cfg.offload_modules} if cfg.offload_modules else {}),
             **({"attention_kernel": cfg.attention_kernel} if cfg.attention_kernel else {}),
             **({} if cfg.per_expert_gemm_calls else {"per_expert_gemm_calls": False}),
+            **({} if cfg.moe_overlap_fills_issue_gaps else {"moe_overlap_fills_issue_gaps": False}),
             **({"fp8_param_gather": True} if cfg.fp8_param_gather else {}),
             **({} if cfg.te_quantized_weights else {"te_quantized_weights": False}),
             **({} if cfg.grads_in_reduce_dtype else {"grads_in_reduce_dtype": False}),

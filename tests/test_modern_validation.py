@@ -198,10 +198,13 @@ def test_what_the_issue_time_fits_explain_and_what_they_do_not():
     the two current-release Blackwell rows' all-to-alls and leaves the issue time more of their step), 40 before
     Blackwell's attention table was fitted on cuDNN's published speeds). Blackwell's 25.11 value holds across
     model families (6 rows; refit without DeepSeek or without Qwen3, the left-out rows stay within 13%). On H100 the
-    per-call form is not the whole story: the rows that ran 16 local experts with the all-to-all overlap at
-    micro-batch 1 (26.02 and 26.02.01) come out 30-41% slow, while the EP 16 rows of 26.04.01 / 26.06 (8 local
-    experts, no overlap) sit within 2% at the same value; the measured throughputs do not scale with the local
-    experts' count as per-expert issue would."""
+    rows that ran 16 local experts with the all-to-all overlap at micro-batch 1 came out 30-41% slow while the EP 16
+    rows of 26.04.01 / 26.06 (8 local experts, no overlap) sat within 2%: the measured throughputs do not scale with
+    the local experts' count as per-expert issue alone would. The overlap pairs micro-batches, so the paired one's
+    kernels fill the host's issue gaps (compute.PassTimes.paired_scale, 2026-12-06): the current release's H100 fit
+    moves 95 -> 90 us, in-sample 8.7% / 29.1% -> 2.7% / 4.0%, each source left out 20.5% / 29.1% -> 3.8% / 6.9%, and
+    the 26.02.01 row -29% -> -2%; in the 25.11 containers the overlap added host work instead (Megatron-Bridge PR
+    1760 turned it off for that), so their stack keeps the per-op issue and the 26.02 row stays 41% slow."""
     from planner.validation.fit import fit_call
 
     old_bw = fit_call(("b200-180gb", "gb200-nvl72"), "mxfp8", "megatron-core-25.11")
@@ -211,10 +214,11 @@ def test_what_the_issue_time_fits_explain_and_what_they_do_not():
     new_bw = fit_call(("b200-180gb", "gb200-nvl72"), "mxfp8")
     assert new_bw.value == 45 and new_bw.value < old_bw.value
     new_h, old_h = fit_call(("h100-80gb-sxm",), "fp8"), fit_call(("h100-80gb-sxm",), "fp8", "megatron-core-25.11")
-    assert (new_h.value, old_h.value) == (95, 250)
+    assert (new_h.value, old_h.value) == (90, 250)
     err = dict(zip(new_h.rows, new_h.in_sample)) | dict(zip(old_h.rows, old_h.in_sample))
     assert abs(err["MB260401-H100-Qwen3-30B-fp8"]) < 0.03 and abs(err["MB2606-H100-Qwen3-30B-fp8"]) < 0.03
-    assert -0.35 < err["MB260201-H100-Qwen3-30B-fp8"] < -0.25 and -0.45 < err["MB2602-H100-Qwen3-30B-fp8"] < -0.35
+    assert abs(err["MB260201-H100-Qwen3-30B-fp8"]) < 0.03 and -0.45 < err["MB2602-H100-Qwen3-30B-fp8"] < -0.35
+    assert max(abs(e) for errs in new_h.loso.values() for e in errs) < 0.08
 
 
 def test_fine_grained_moe_rows_after_the_expert_issue_fit():

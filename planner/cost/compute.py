@@ -623,10 +623,23 @@ class PassTimes:
     bwd_input_s: float | np.ndarray
     bwd_weight_s: float | np.ndarray
     selective_recompute_s: float | np.ndarray
+    #: forward + backward of the kernels alone, and of the host's per-expert GEMM issue alone (both passes)
+    kernel_s: float | np.ndarray = 0.0
+    issue_s: float | np.ndarray = 0.0
 
     @property
     def bwd_s(self):
         return self.bwd_input_s + self.bwd_weight_s
+
+    def paired_scale(self):
+        """The share of this pass pair's time left when another micro-batch's kernels fill the host's issue gaps
+        (Megatron-Core's batch-level MoE overlap runs one micro-batch's forward beside another's backward: while
+        the host waits on one's dropless token counts and issues its expert GEMMs one by one, the GPU runs the
+        other's queued kernels): max(kernels, issue) of the pair over the sum of each op's max (1 where nothing
+        is host-bound)."""
+        floored = self.fwd_s + self.bwd_input_s + self.bwd_weight_s
+        paired = np.maximum(self.kernel_s, self.issue_s)
+        return np.where(floored > 0, np.minimum(1.0, paired / np.where(floored > 0, floored, 1.0)), 1.0)
 
 
 def op_bwd_time_s(op: Op, gpu: GPU, fwd_s):
@@ -649,19 +662,21 @@ def recomputed(op: Op, modules):
 def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
     """Forward, input- and weight-gradient times of ``ops``, and the forward time selective recomputation of
     ``modules`` (the configuration's ``recompute_modules``) adds."""
-    fwd = bwd_in = bwd_w = sel = 0.0
+    fwd = bwd_in = bwd_w = sel = kernels = issued = 0.0
     for op in ops:
         tf = op_time_s(op, gpu)
         tb = op_bwd_time_s(op, gpu, tf)
+        kernels = kernels + tf + tb
         if np.any(op.expert_calls) and gpu.expert_gemm_call_s:
             # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
             issue = op.expert_calls * gpu.expert_call_s(op.precision)
+            issued = issued + (1.0 + GEMM_BWD_RATIO) * issue
             tf, tb = np.maximum(tf, issue), np.maximum(tb, GEMM_BWD_RATIO * issue)
         fwd = fwd + tf
         bwd_w = bwd_w + tb * op.weight_grad_fraction
         bwd_in = bwd_in + tb * (1.0 - op.weight_grad_fraction)
         sel = sel + tf * recomputed(op, modules)
-    return PassTimes(fwd, bwd_in, bwd_w, sel)
+    return PassTimes(fwd, bwd_in, bwd_w, sel, kernels, issued)
 
 
 def attention_core_s(ops: list[Op], gpu: GPU, cfg: Config):

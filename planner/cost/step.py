@@ -247,6 +247,12 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     gpu = cluster.gpu
     ops = layer_ops(model, cfg, kind)
     pt = pass_times(ops, gpu, cfg.recompute_modules)
+    if kind.moe:  # the batch-level overlap pairs micro-batches: one's kernels fill the other's issue gaps
+        fills = np.asarray(cfg.ep_comm_overlap, dtype=bool) & (np.asarray(cfg.ep) > 1) & \
+            np.asarray(cfg.moe_overlap_fills_issue_gaps, dtype=bool)
+        scale = np.where(fills, pt.paired_scale(), 1.0)
+        pt = replace(pt, fwd_s=pt.fwd_s * scale, bwd_input_s=pt.bwd_input_s * scale,
+                     bwd_weight_s=pt.bwd_weight_s * scale)
     windows = tp_overlap_windows(ops, gpu, kind)
     tp_fwd, tp_bwd = tp_layer_comm_s(model, cluster, cfg, groups.tp, windows)
     # CP: ring attention (K/V blocks around the ring, overlapped with block attention) or Ulysses (all-to-all of
@@ -417,7 +423,7 @@ def pipeline_message_bytes(model: ModelSpec, cfg: Config):
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
                epo, fused_ce=True, packed_doc_len=0.0, offload_modules="", attention_kernel="",
                per_expert_calls=True, recompute_fused_attention=True, ep_dispatcher="alltoall",
-               act_fp8_store=False, moe_load=1.0) -> tuple:
+               act_fp8_store=False, moe_load=1.0, fills_gaps=True) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
@@ -427,7 +433,7 @@ def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, prec
             precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce),
             float(packed_doc_len), offload_modules, attention_kernel if flash else "", bool(per_expert_calls),
             bool(recompute_fused_attention and flash and selective), ep_dispatcher if ep > 1 else "alltoall",
-            bool(act_fp8_store), float(moe_load) if ep > 1 else 1.0)
+            bool(act_fp8_store), float(moe_load) if ep > 1 else 1.0, bool(fills_gaps or not (epo and ep > 1)))
 
 
 class LayerCostCache:
@@ -465,7 +471,7 @@ class LayerCostCache:
                           cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
                           cfg.fused_cross_entropy, cfg.packed_doc_len, cfg.offload_modules, cfg.attention_kernel,
                           cfg.per_expert_gemm_calls, cfg.recompute_fused_attention, cfg.ep_dispatcher,
-                          cfg.activation_fp8_input_store, cfg.moe_load_factor)
+                          cfg.activation_fp8_input_store, cfg.moe_load_factor, cfg.moe_overlap_fills_issue_gaps)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
               kind: int) -> LayerCost:

@@ -77,6 +77,9 @@ class SearchSpace:
     attention_kernel: str = ""
     #: how the stack issues grouped expert GEMMs (config.RunConfig.per_expert_gemm_calls: the stack's, not searched)
     per_expert_gemm_calls: bool = True
+    #: the overlap's paired micro-batch fills the issue gaps (config.RunConfig.moe_overlap_fills_issue_gaps: the
+    #: stack's)
+    moe_overlap_fills_issue_gaps: bool = True
     #: fp8 weights gathered in fp8 (config.RunConfig.fp8_param_gather: the stack's, not searched)
     fp8_param_gather: bool = False
     #: weights held as Transformer Engine holds them in fp8 (config.RunConfig.te_quantized_weights: the stack's)

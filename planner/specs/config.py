@@ -149,6 +149,11 @@ class RunConfig:
     #: GPU waiting (``GPU.expert_gemm_call_s``); False: one grouped kernel over all local experts (torchtitan's
     #: torch._grouped_mm)
     per_expert_gemm_calls: bool = True
+    #: under the batch-level MoE overlap (``ep_comm_overlap``) the paired micro-batch's kernels fill the host's
+    #: per-expert issue gaps (``compute.PassTimes.paired_scale``): the current Megatron-Core; False where the
+    #: overlap adds host work instead (the 25.11 containers: Megatron-Bridge PR 1760, "Disable moe_a2a_overlap due to
+    #: CPU overhead")
+    moe_overlap_fills_issue_gaps: bool = True
     #: the linear layers' weights kept in fp8 and all-gathered in fp8 by the sharded optimizer / FSDP (Megatron
     #: --fp8-param-gather, on in Megatron-Bridge's fp8 and mxfp8 presets; torchtitan [float8]
     #: enable_fsdp_float8_all_gather): 1 byte per element with per-tensor fp8; mxfp8 weights are gathered in bf16
@@ -277,8 +282,8 @@ class RunConfig:
 #: (attention kernel, expert GEMM issue, fp8 weight gather, recomputation of the fused attention, the modules
 #: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
-FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
-                "grads_in_reduce_dtype", "adam_moment_bytes", "activation_fp8_input_store", "moe_load_factor",
+FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "moe_overlap_fills_issue_gaps",
+                "fp8_param_gather", "te_quantized_weights", "grads_in_reduce_dtype", "adam_moment_bytes", "activation_fp8_input_store", "moe_load_factor",
                 "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
                 "offload_modules", "overlap_p2p_comm")
 
@@ -291,6 +296,7 @@ class FixedOptions:
     precision: str = RunConfig.precision
     attention_kernel: str = RunConfig.attention_kernel
     per_expert_gemm_calls: bool = RunConfig.per_expert_gemm_calls
+    moe_overlap_fills_issue_gaps: bool = RunConfig.moe_overlap_fills_issue_gaps
     fp8_param_gather: bool = RunConfig.fp8_param_gather
     te_quantized_weights: bool = RunConfig.te_quantized_weights
     grads_in_reduce_dtype: bool = RunConfig.grads_in_reduce_dtype
@@ -320,7 +326,7 @@ LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "seq
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
                 "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel",
                 "per_expert_gemm_calls", "recompute_fused_attention", "ep_dispatcher", "activation_fp8_input_store",
-                "moe_load_factor")
+                "moe_load_factor", "moe_overlap_fills_issue_gaps")
 
 
 @dataclass(frozen=True, eq=False)
@@ -355,6 +361,7 @@ class ConfigBatch:
     ep_dispatcher: np.ndarray
     activation_fp8_input_store: np.ndarray
     moe_load_factor: np.ndarray
+    moe_overlap_fills_issue_gaps: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -368,7 +375,7 @@ class ConfigBatch:
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
                  "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool,
                  "recompute_fused_attention": bool, "activation_fp8_input_store": bool,
-                 "moe_load_factor": float}
+                 "moe_load_factor": float, "moe_overlap_fills_issue_gaps": bool}
         out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 

@@ -25,12 +25,14 @@ DEFAULT_STACK = "megatron-core"
 GRAD_REDUCE_DTYPES = {"bf16": 2, "fp32": 4}
 #: the option fields of a stack file (``attention_kernel`` optional: "" = each profile's default table)
 OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-               "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "fp8_param_gather",
+               "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "moe_overlap_fills_issue_gaps",
+               "fp8_param_gather",
                "te_quantized_weights", "grads_in_reduce_dtype", "recompute_fused_attention", "overlap_p2p_comm",
                "ep_dispatcher")
 #: the options a stack decides that a search holds fixed (of ``config.FIXED_FIELDS``; the run's precision, the
 #: recompute and offload modules and the data's packing are the request's)
-STACK_FIXED_FIELDS = ("attention_kernel", "per_expert_gemm_calls", "fp8_param_gather", "te_quantized_weights",
+STACK_FIXED_FIELDS = ("attention_kernel", "per_expert_gemm_calls", "moe_overlap_fills_issue_gaps", "fp8_param_gather",
+                      "te_quantized_weights",
                       "grads_in_reduce_dtype", "recompute_fused_attention", "overlap_p2p_comm")
 #: the launcher a stack's plans are exported to, and the stack a launcher implies when none is given
 LAUNCHER_STACKS = {"megatron": "megatron-core", "nemo": "megatron-core", "torchtitan": "torchtitan",
@@ -73,6 +75,9 @@ class Stack:
     #: whether it issues grouped expert GEMMs one local expert at a time (``options.per_expert_gemm_calls``;
     #: absent: true, as Megatron-Core with Transformer Engine does)
     per_expert_gemm_calls: bool = True
+    #: whether, under its batch-level MoE overlap, the paired micro-batch's kernels fill the host's per-expert issue
+    #: gaps (``options.moe_overlap_fills_issue_gaps``; absent: true, the current Megatron-Core)
+    moe_overlap_fills_issue_gaps: bool = True
     #: whether its fp8 runs keep and all-gather the linear weights in fp8 (``options.fp8_param_gather``; absent:
     #: false)
     fp8_param_gather: bool = False
@@ -255,6 +260,7 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         if "hsdp_zero_stages" in runs else (),
         attention_kernel=kernel,
         per_expert_gemm_calls=_bool(opts, "per_expert_gemm_calls", source, "options", default=True),
+        moe_overlap_fills_issue_gaps=_bool(opts, "moe_overlap_fills_issue_gaps", source, "options", default=True),
         fp8_param_gather=_bool(opts, "fp8_param_gather", source, "options", default=False),
         te_quantized_weights=_bool(opts, "te_quantized_weights", source, "options", default=False),
         grads_in_reduce_dtype=_bool(opts, "grads_in_reduce_dtype", source, "options", default=True),
