@@ -348,3 +348,24 @@ def test_exporters_refuse_a_cross_attention_plan():
     for target in ("megatron", "torchtitan", "deepspeed", "nemo"):
         with pytest.raises(PlannerError, match="vision encoder"):
             emit(d, target)
+
+
+def test_more_images_per_sample_never_make_a_cross_attention_step_faster_or_smaller():
+    """More images per sample: more keys for every cross-attention query, more K/V to project and keep, a longer
+    encoder pass and a bigger pipeline message; never less time or memory."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from planner.specs.model import load_model
+
+    m = load_model("llama-3.2-11b-vision")
+
+    @settings(max_examples=15, deadline=None)
+    @given(st.integers(1, 3), st.integers(0, 2), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]))
+    def check(images, more, tp, pp):
+        cfg = RunConfig(num_gpus=tp * pp, tp=tp, pp=pp, global_batch_size=8, seq_len=2048)
+        a = estimate(m.with_(vision_images=images), H100, cfg)
+        b = estimate(m.with_(vision_images=images + more), H100, cfg)
+        assert b.step_time_s >= a.step_time_s * (1 - 1e-12)
+        assert b.peak_memory_bytes >= a.peak_memory_bytes * (1 - 1e-12)
+
+    check()
