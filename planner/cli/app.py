@@ -179,6 +179,37 @@ CONSTRAINT_OPTIONS = {name: typer.Option(None, "--" + name.replace("_", "-"), he
                       for name, text in CONSTRAINT_HELP.items()}
 
 
+#: the run's own options (the request's, held fixed in every configuration a search ranks) as typer options, shared
+#: by ``estimate``, ``plan`` and ``sweep`` (parameter name -> option); :func:`run_option_fields` checks them
+RUN_OPTIONS = {
+    "adam_moments": typer.Option("fp32", "--adam-moments",
+                                 help="Dtype of Adam's two moments: fp32 | bf16 (Megatron-Core's precision-aware "
+                                      "optimizer: --use-precision-aware-optimizer --exp-avg-dtype bf16 "
+                                      "--exp-avg-sq-dtype bf16); the fp32 master weights stay. Not searched"),
+    "act_fp8_store": typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
+                                  help="SwiGLU activations keep their input for backward in fp8 instead of bf16 "
+                                       "(Megatron-Core activation_func_fp8_input_store; Megatron-Bridge model "
+                                       "config). Not searched"),
+    "moe_load_factor": typer.Option(1.0, "--moe-load-factor",
+                                    help="MoE: the busiest expert-parallel rank's routed tokens over the mean (1: "
+                                         "balanced, as benchmarks force it; a dropless run's data is above; a "
+                                         "capacity factor with padding: that factor). Not searched"),
+}
+
+
+def run_option_fields(adam_moments: str, act_fp8_store: bool, moe_load_factor: float, stack: Any,
+                      gated_mlp: bool = True) -> dict[str, Any]:
+    """The RunConfig fields of :data:`RUN_OPTIONS`' values (the names ``SearchSpace`` and ``plan_for_launcher``
+    take too), each refused in one line naming its option where the stack (None: ``--stack any``) or the model
+    cannot run it."""
+    from planner.specs.config import moe_load_factor_value
+    from planner.specs.stack import activation_fp8_input_store, adam_moment_bytes
+
+    return {"adam_moment_bytes": adam_moment_bytes(adam_moments, stack),
+            "activation_fp8_input_store": activation_fp8_input_store(act_fp8_store, stack, gated_mlp),
+            "moe_load_factor": moe_load_factor_value(moe_load_factor)}
+
+
 def check_writable(path: Path, option: str) -> None:
     """A file the command will write at the end: its folder exists and takes files, and it is not a folder."""
     import os

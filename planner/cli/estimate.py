@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from planner.cli.app import app, choice, console, err, handle_errors
+from planner.cli.app import RUN_OPTIONS, app, choice, console, err, handle_errors, run_option_fields
 from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
                                  print_length_tables)
 from planner.cli.render import attention_kernel_line, attention_kernel_priced, model_label, print_estimate
@@ -14,9 +14,8 @@ from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict, request_warnings
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, OFFLOAD_MODULES, PRECISIONS, RECOMPUTE_MODES,
                                    RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
-                                   canonical_recompute_modules, moe_load_factor_value, parse_megatron_layout)
-from planner.specs.stack import (DEFAULT_STACK, GRAD_REDUCE_DTYPES, activation_fp8_input_store, adam_moment_bytes,
-                                  load_stack)
+                                   canonical_recompute_modules, parse_megatron_layout)
+from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
 from planner.validation.bands import band_for
 
 
@@ -122,18 +121,8 @@ def estimate(
                                           help="fp8 runs: the linear weights kept and all-gathered in fp8 by the "
                                                "sharded optimizer / FSDP (Megatron --fp8-param-gather; default: the "
                                                "stack's)"),
-    moe_load_factor: float = typer.Option(1.0, "--moe-load-factor",
-                                          help="MoE: the busiest expert-parallel rank's routed tokens over the mean "
-                                               "(1: balanced, as benchmarks force it; a dropless run's data is "
-                                               "above; a capacity factor with padding: that factor)"),
-    act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
-                                       help="SwiGLU activations keep their input for backward in fp8 instead of "
-                                            "bf16 (Megatron-Core activation_func_fp8_input_store; Megatron-Bridge "
-                                            "model config)"),
-    adam_moments: str = typer.Option("fp32", "--adam-moments",
-                                     help="Dtype of Adam's two moments: fp32 | bf16 (Megatron-Core's precision-aware "
-                                          "optimizer: --use-precision-aware-optimizer --exp-avg-dtype bf16 "
-                                          "--exp-avg-sq-dtype bf16); the fp32 master weights stay"),
+    moe_load_factor: float = RUN_OPTIONS["moe_load_factor"], act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"],
+    adam_moments: str = RUN_OPTIONS["adam_moments"],
     te_fp8_weights: bool = typer.Option(None, "--te-fp8-weights/--no-te-fp8-weights",
                                         help="fp8 / mxfp8 memory: the linear weights held as Transformer Engine "
                                              "holds them (quantized parameters with --fp8-param-gather, else a "
@@ -198,9 +187,7 @@ def estimate(
                     precision=precision, layers_per_stage=split, etp=etp, dp_shard=dp_shard, recompute_modules=modules,
                     ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers, offload_modules=offload,
                     fused_cross_entropy=fused_cross_entropy, pipeline_flushes=pipeline_flushes,
-                    adam_moment_bytes=adam_moment_bytes(adam_moments, run_stack),
-                    activation_fp8_input_store=activation_fp8_input_store(act_fp8_store, run_stack, spec.gated_mlp),
-                    moe_load_factor=moe_load_factor_value(moe_load_factor))
+                    **run_option_fields(adam_moments, act_fp8_store, moe_load_factor, run_stack, spec.gated_mlp))
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),

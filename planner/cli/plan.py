@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli.app import CONSTRAINT_OPTIONS, app, choice, console, err, handle_errors, search_constraints
+from planner.cli.app import (CONSTRAINT_OPTIONS, RUN_OPTIONS, app, choice, console, err, handle_errors,
+                             run_option_fields, search_constraints)
 from planner.cli.render import (add_columns, attention_kernel_line, attention_kernel_priced, layout_label,
                                 model_label, print_estimate, recipe_label)
 from planner.cli.estimate import ATTENTION_KERNEL_HELP, parse_offload_modules, parse_recompute_modules
@@ -16,9 +17,8 @@ from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_L
                                  print_length_tables)
 from planner.errors import PlannerError
 from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search_plans
-from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS, moe_load_factor_value
-from planner.specs.stack import (ANY_STACK, DEFAULT_STACK, activation_fp8_input_store, adam_moment_bytes, load_stack,
-                                  stack_name_for)
+from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS
+from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
 from planner.specs.hardware import check_attention_kernel, load_cluster
 from planner.specs.model import load_model
@@ -137,15 +137,8 @@ def plan(
     out: Path = typer.Option(None, "--out", help="File for --emit (default: stdout)"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
-    moe_load_factor: float = typer.Option(1.0, "--moe-load-factor",
-                                          help="MoE: the busiest expert-parallel rank's routed tokens over the mean "
-                                               "(1: balanced; the run's data, not searched)"),
-    act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
-                                       help="SwiGLU activations keep their input for backward in fp8 (Megatron-Core "
-                                            "activation_func_fp8_input_store; the run's choice, not searched)"),
-    adam_moments: str = typer.Option("fp32", "--adam-moments",
-                                     help="Dtype of Adam's two moments: fp32 | bf16 (Megatron-Core's precision-aware "
-                                          "optimizer; the run's choice, not searched)"),
+    moe_load_factor: float = RUN_OPTIONS["moe_load_factor"], act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"],
+    adam_moments: str = RUN_OPTIONS["adam_moments"],
     recompute_modules: str = typer.Option(DEFAULT_RECOMPUTE_MODULES, "--recompute-modules",
                                           help="What selective recomputation redoes (Megatron-Core "
                                                "--recompute-modules; comma list, not searched)"),
@@ -217,9 +210,7 @@ def plan(
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     if ep_dispatcher is not None:
         choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
-    moment_bytes = adam_moment_bytes(adam_moments, run_stack)
-    fp8_store = activation_fp8_input_store(act_fp8_store, run_stack, spec.gated_mlp)
-    moe_load_factor = moe_load_factor_value(moe_load_factor)
+    run_opts = run_option_fields(adam_moments, act_fp8_store, moe_load_factor, run_stack, spec.gated_mlp)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
     if packed:
         from planner.cost.variable_length import packed_attention_cv
@@ -236,21 +227,18 @@ def plan(
         if emit is not None or run_stack is not None:  # search only what the stack / launcher runs
             from planner.export import plan_for_launcher, stack_target
 
-            target = stack_target(run_stack, emit, fp8_store)
+            target = stack_target(run_stack, emit, run_opts["activation_fp8_input_store"])
             return plan_for_launcher(spec, hw, gpus, global_batch, seq_len, target, top_k=top, objective=objective,
                                      max_memory_gib=max_memory_gib, refine_partition=not no_partition,
                                      option="--emit" if emit else "--stack", precision=precision, stack=run_stack,
                                      recompute_modules=modules, constraints=cons, packed_doc_len=packed,
                                      packed_attention_cv=packed_cv, offload_modules=offload_modules,
-                                     attention_kernel=attention_kernel, ep_dispatcher=ep_dispatcher,
-                                     adam_moment_bytes=moment_bytes, activation_fp8_input_store=fp8_store,
-                                     moe_load_factor=moe_load_factor)
+                                     attention_kernel=attention_kernel, ep_dispatcher=ep_dispatcher, **run_opts)
         from planner.search.space import SearchSpace
 
         space = SearchSpace(precision=precision, recompute_modules=modules, packed_doc_len=packed,
                             packed_attention_cv=packed_cv, offload_modules=offload_modules,
-                            attention_kernel=attention_kernel or "", adam_moment_bytes=moment_bytes,
-                            activation_fp8_input_store=fp8_store, moe_load_factor=moe_load_factor,
+                            attention_kernel=attention_kernel or "", **run_opts,
                             **({"ep_dispatchers": (ep_dispatcher,)} if ep_dispatcher else {}))
         if cons is not None:
             space = cons.narrow([space], "the search")[0]

@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from planner.cli.app import (CONSTRAINT_OPTIONS, app, choice, check_writable, console, err, handle_errors,
-                              search_constraints)
+from planner.cli.app import (CONSTRAINT_OPTIONS, RUN_OPTIONS, app, choice, check_writable, console, err,
+                              handle_errors, run_option_fields, search_constraints)
 from planner.cli.render import add_columns
 from planner.errors import PlannerError
 
@@ -147,14 +147,8 @@ def sweep(
     launcher: str = typer.Option(None, "--launcher", help="Only plans this launcher runs: megatron | torchtitan | "
                                                           "deepspeed | nemo"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision: bf16 | fp16 | fp8 | mxfp8"),
-    adam_moments: str = typer.Option("fp32", "--adam-moments", help="Dtype of Adam's two moments: fp32 | bf16 "
-                                                                    "(Megatron-Core's precision-aware optimizer)"),
-    moe_load_factor: float = typer.Option(1.0, "--moe-load-factor",
-                                          help="MoE: the busiest expert-parallel rank's routed tokens over the mean "
-                                               "(1: balanced)"),
-    act_fp8_store: bool = typer.Option(False, "--activation-fp8-input-store/--no-activation-fp8-input-store",
-                                       help="SwiGLU activations keep their input for backward in fp8 (Megatron-Core "
-                                            "activation_func_fp8_input_store)"),
+    adam_moments: str = RUN_OPTIONS["adam_moments"], moe_load_factor: float = RUN_OPTIONS["moe_load_factor"],
+    act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"],
     stack: str = typer.Option(None, "--stack", help="Training stack (default megatron-core, or --launcher's; 'any': "
                                                     "everything the model knows)"),
     jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
@@ -199,13 +193,11 @@ def sweep(
         raise PlannerError("--quiet without --csv would print nothing", source="--quiet", fix="add --csv FILE")
     if csv is not None:
         check_writable(csv, "--csv")  # before the work, not after it
-    from planner.specs.stack import activation_fp8_input_store, adam_moment_bytes, load_stack
+    from planner.specs.stack import load_stack
     sweep_stack = _sweep_stack(stack, launcher)
-    run_stack = load_stack(sweep_stack) if sweep_stack is not None else None
-    adam_moment_bytes(adam_moments, run_stack)  # named as the command line names them, before the work
-    activation_fp8_input_store(act_fp8_store, run_stack)
-    from planner.specs.config import moe_load_factor_value
-    moe_load_factor_value(moe_load_factor)
+    # named as the command line names them, before the work
+    run_option_fields(adam_moments, act_fp8_store, moe_load_factor,
+                      load_stack(sweep_stack) if sweep_stack is not None else None)
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
                                      dp_shard)
     varied = vary_values(vary)

@@ -109,7 +109,6 @@ def node_dedup_all_to_all_s(model: ModelSpec, cluster: Cluster, cfg: Config, ep_
     t_inter = T * remote * per_token / cluster.inter_node.bus_bandwidth_bytes_per_s
     ranks = expected_ranks_per_token(model, ep_group.size)
     t_intra = T * ranks * (g - 1) / g * per_token / cluster.intra_node.bus_bandwidth_bytes_per_s
-    t_inter = np.where(nodes > 1, t_inter, 0.0)
     return np.maximum(t_inter, t_intra) + (nodes - 1) * cluster.inter_node.latency_s + \
         (g - 1) * cluster.intra_node.latency_s
 

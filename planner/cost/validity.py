@@ -6,8 +6,10 @@ import numpy as np
 
 from planner.cost.data_parallel import expert_dp_degree
 from planner.cost.schedule import SCHEDULES
+from planner.errors import PlannerError
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES,
-                                   RunConfig, canonical_recompute_modules, even_layer_split, recompute_module_on)
+                                   RunConfig, canonical_recompute_modules, even_layer_split, moe_load_factor_value,
+                                   recompute_module_on)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -248,9 +250,10 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         out.append(("grad_reduce_bytes", f"must be 2 (bf16) or 4 (fp32), got {cfg.grad_reduce_bytes}"))
     if cfg.recompute not in RECOMPUTE_MODES:
         out.append(("recompute", f"unknown mode '{cfg.recompute}'; use one of {', '.join(RECOMPUTE_MODES)}"))
-    if not (1.0 <= cfg.moe_load_factor < float("inf")):
-        out.append(("moe_load_factor", f"the busiest EP rank's load over the mean must be >= 1 (1: balanced routing), "
-                                       f"got {cfg.moe_load_factor}"))
+    try:
+        moe_load_factor_value(cfg.moe_load_factor, "moe_load_factor")
+    except PlannerError as e:
+        out.append(("moe_load_factor", e.reason))
     if cfg.activation_fp8_input_store and not model.gated_mlp:
         # Megatron-Core: "Storing activation input in FP8 is supported only for SwiGLU." (transformer_config.py)
         out.append(("activation_fp8_input_store", f"{model.name}'s MLPs are not gated (SwiGLU): Megatron-Core "

@@ -44,8 +44,8 @@ from planner.cost.data_parallel import (dp_collectives, dp_exposed_s, dp_groups,
                                        expert_shard_degree, exposed_s, gathered_linear_weight_bytes, hsdp_groups,
                                        optimizer_step_s)
 from planner.cost.memory import (StageParams, end_params_on_gpu, gathered_layer_params, gathered_weight_bytes,
-                                 held_grad_bytes, held_linear_weight_bytes, optimizer_state_bytes, layer_params_on_gpu, model_state_bytes,
-                                 zero_sharded_params)
+                                 held_grad_bytes, held_linear_weight_bytes, layer_params_on_gpu, model_state_bytes,
+                                 optimizer_state_bytes, zero_sharded_params)
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import BatchCosts, LayerCost, batch_costs, pipeline_send_s
 from planner.search.space import (REC_FULL_ALL, REC_FULL_K, REC_SELECTIVE, ZERO_COLUMNS, Rows, Space, column_of,
@@ -256,8 +256,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         embedding_params=emb_p, head_params=head_p,
         dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies,
         kind_index=kind_index, memory_class=mem_class,
-        optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu, space.fixed.adam_moment_bytes)),
-        optimizer_bytes=float(optimizer_state_bytes(space.fixed.adam_moment_bytes)),
+        optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu, fixed.adam_moment_bytes)),
+        optimizer_bytes=float(optimizer_state_bytes(fixed.adam_moment_bytes)),
         linear_weight_bytes=held_linear_weight_bytes(fixed.precision, fixed.fp8_param_gather, tn_only,
                                                      fixed.te_quantized_weights, np.arange(4)),
         gathered_weight_bytes=float(gathered_weight_bytes(fixed.precision, fixed.fp8_param_gather, tn_only,

@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from planner.errors import PlannerError
+
 RECOMPUTE_MODES = ("none", "selective", "full")
 #: what selective recomputation redoes, as Megatron-Core's ``--recompute-modules`` names it
 #: (megatron/core/transformer/transformer_config.py, ``recompute_modules``), in this order: the attention core,
@@ -88,8 +90,6 @@ ADAM_MOMENT_DTYPES = {"fp32": 4, "bf16": 2}
 def moe_load_factor_value(value: float, option: str = "--moe-load-factor") -> float:
     """A request's ``moe_load_factor`` (:class:`RunConfig`), refused in one line naming ``option`` unless >= 1
     and finite."""
-    from planner.errors import PlannerError
-
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 1.0 <= value < float("inf")):
         raise PlannerError(f"must be a number >= 1 (the busiest EP rank's load over the mean), got {value!r}",
                            source=option, fix="use 1 for balanced routing, or the measured max / mean")
