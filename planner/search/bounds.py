@@ -62,32 +62,51 @@ RANK_PICKS = 4
 MOE_RANK_PICKS = 2
 
 
+#: a presence table (``np.bincount``) ranks keys of up to this many possible values (or 4 per row) in O(rows +
+#: values); wider keys are sorted
+_PRESENCE_KEYS = 1 << 22
+#: a non-negative integer column spanning up to this many values joins a row key as it is; a wider one is ranked
+_RAW_SPAN = 16
+
+
+def _compact(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
+    """``key`` (integers in [0, size)) replaced by its rank among the distinct values, order kept; and how many
+    distinct values there are."""
+    if size <= max(_PRESENCE_KEYS, 4 * key.size):
+        present = np.bincount(key, minlength=size) > 0
+        rank = np.cumsum(present) - 1
+        return rank[key], int(rank[-1]) + 1
+    uniq, inv = np.unique(key, return_inverse=True)
+    return inv.reshape(-1), len(uniq)
+
+
 def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows of the given columns and, per input row, the index of its distinct row (like
-    ``np.unique(axis=0)``, but through one integer key per row, which is much faster)."""
-    codes, sizes, values = [], [], []
+    """Distinct rows of the given columns, in lexicographic order, and per input row the index of its distinct row
+    (``np.unique(axis=0, return_inverse=True)``, but through one integer key per row built column by column and
+    ranked by presence tables whenever it grows wide, which is several times faster on the search's millions of
+    groups)."""
+    cols = [np.asarray(c).reshape(-1) for c in cols]
+    n = cols[0].size
+    if n == 0:
+        return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    key, size = np.zeros(n, dtype=np.int64), 1
     for c in cols:
-        c = np.asarray(c).reshape(-1)
-        if c.size and c.dtype.kind in "iu" and c.min() >= 0 and c.max() < max(1 << 16, 4 * c.size):
-            # small non-negative integers (every column here): rank the values through a presence table, O(n)
-            present = np.bincount(c) > 0
-            v = np.flatnonzero(present)
-            inv = (np.cumsum(present) - 1)[c]
+        if c.dtype.kind in "iub":
+            lo = int(c.min())
+            code, span = c.astype(np.int64) - lo, int(c.max()) - lo + 1
+            if span > _RAW_SPAN:
+                code, span = _compact(code, span)
         else:
-            v, inv = np.unique(c, return_inverse=True)
-        values.append(v)
-        codes.append(inv.reshape(-1))
-        sizes.append(len(v))
-    key = np.ravel_multi_index(codes, sizes) if cols[0].size else np.zeros(0, dtype=np.int64)
-    n_keys = int(np.prod(sizes, dtype=np.float64))
-    if key.size and n_keys <= max(1 << 22, 4 * key.size):  # few possible keys: the presence table again, O(n)
-        present = np.bincount(key, minlength=n_keys) > 0
-        ukey, inv = np.flatnonzero(present), (np.cumsum(present) - 1)[key]
-    else:
-        ukey, inv = np.unique(key, return_inverse=True)
-    parts = np.unravel_index(ukey, sizes)
-    uniq = np.stack([values[j][parts[j]] for j in range(len(cols))], axis=1)
-    return uniq, inv.reshape(-1)
+            values, code = np.unique(c, return_inverse=True)
+            code, span = code.reshape(-1), len(values)
+        if size * span > max(_PRESENCE_KEYS, 4 * n):
+            key, size = _compact(key, size)
+        key, size = key * span + code, size * span
+    inv, count = _compact(key, size)
+    first = np.empty(count, dtype=np.int64)  # each distinct row's first input row
+    first[inv[::-1]] = np.arange(n - 1, -1, -1)
+    uniq = np.stack([c[first] for c in cols], axis=1)
+    return (uniq.astype(np.int64) if uniq.dtype.kind in "iub" else uniq), inv
 
 
 class PerKey:

@@ -288,17 +288,20 @@ def group_rows(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: 
     listed = tuple(dict.fromkeys(space.ep_dispatchers))
     first = [EP_DISPATCHERS.index(listed[0])]
     kept_on: dict[tuple, list[int]] = {}  # per EP placement (size, GPUs per node), the dispatchers no other beats
+    kept_for: dict[tuple[int, int], list[int]] = {}  # and per (EP, expert TP), looked up once
 
     def dispatchers(ep, etp):
         """The dispatcher codes of an EP group: those of the space's no other beats at any token count
         (moe.undominated_dispatchers: exact, the rest of a row being the same)."""
         if ep <= 1 or len(listed) == 1 or not model.is_moe:
             return first
-        g = comm.place_group(ep, etp, cluster.gpus_per_node)  # the EP group as comm.groups_for places it
-        key = (int(g.size), int(g.members_per_node))
-        if key not in kept_on:
-            kept_on[key] = [EP_DISPATCHERS.index(d) for d in undominated_dispatchers(model, cluster, g, listed)]
-        return kept_on[key]
+        if (ep, etp) not in kept_for:
+            g = comm.place_group(ep, etp, cluster.gpus_per_node)  # the EP group as comm.groups_for places it
+            key = (int(g.size), int(g.members_per_node))
+            if key not in kept_on:
+                kept_on[key] = [EP_DISPATCHERS.index(d) for d in undominated_dispatchers(model, cluster, g, listed)]
+            kept_for[(ep, etp)] = kept_on[key]
+        return kept_for[(ep, etp)]
     heads: list[tuple[int, ...]] = []  # (tp, cp, kind, pp, mb, schedule, vpp, index of its (ep, sp) pairs)
     schedule_runs: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}  # (pp, m) -> (schedule, vpp, no overlap)
     tail_sets: list[list[tuple[int, int]]] = []

@@ -41,14 +41,25 @@ def canonical_recompute_modules(names: str | Sequence[str]) -> str:
     return _canonical_modules(names, RECOMPUTE_MODULES, "recompute")
 
 
+def single_value(values: np.ndarray):
+    """The one value of an array that holds a single value broadcast over a batch (every stride 0: a setting a
+    :class:`ConfigBatch` was given as a scalar), else None; lets string settings be looked at once, not per row."""
+    if values.size and not any(values.strides):
+        return values.flat[0]
+    return None
+
+
 def recompute_module_on(modules, name: str):
     """Whether selective recomputation redoes ``name`` under ``modules`` (a canonical string, or an array of them
     over a batch)."""
     if isinstance(modules, str):
         return name in modules.split(",")
     modules = np.asarray(modules, dtype=str)
-    if modules.size and (modules == modules.flat[0]).all():  # one setting over the batch (a search's): no string ops
-        return np.full(modules.shape, name in str(modules.flat[0]).split(","))
+    one = single_value(modules)
+    if one is None and modules.size and (modules == modules.flat[0]).all():
+        one = modules.flat[0]
+    if one is not None:  # one setting over the batch (a search's): no string ops per row
+        return np.full(modules.shape, name in str(one).split(","))
     padded = np.char.add(np.char.add(",", modules), ",")
     return np.char.find(padded, f",{name},") >= 0
 
@@ -100,6 +111,9 @@ def per_precision(precision, values, default: float) -> np.ndarray:
     """``values`` ((name, value) pairs) looked up for ``precision`` (a name, or an array of names over a batch);
     ``default`` for names not listed."""
     precision = np.asarray(precision)
+    one = single_value(precision)
+    if one is not None:  # one precision over the batch: looked up once
+        return np.full(precision.shape, dict(values).get(str(one), default), dtype=float)
     out = np.full(precision.shape, default, dtype=float)
     for name, value in values:
         out = np.where(precision == name, value, out)
@@ -376,7 +390,9 @@ class ConfigBatch:
                  "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool,
                  "recompute_fused_attention": bool, "activation_fp8_input_store": bool,
                  "moe_load_factor": float, "moe_overlap_fills_issue_gaps": bool}
-        out = {f: (a.astype(kinds[f]) if f in kinds else a.astype(str)) for f, a in zip(LAYER_FIELDS, arrays)}
+        # a string setting given as a scalar stays a broadcast view (strides 0), which ``single_value`` reads once
+        out = {f: (a.astype(kinds[f]) if f in kinds else a if a.dtype.kind == "U" else a.astype(str))
+               for f, a in zip(LAYER_FIELDS, arrays)}
         return cls(**out)
 
     @classmethod
