@@ -197,7 +197,8 @@ def test_what_the_issue_time_fits_explain_and_what_they_do_not():
     node were priced as the plain all-to-all (2026-12-06: a token goes once to each distinct rank, which shortens
     the two current-release Blackwell rows' all-to-alls and leaves the issue time more of their step), 40 before
     Blackwell's attention table was fitted on cuDNN's published speeds). Blackwell's 25.11 value holds across
-    model families (6 rows; refit without DeepSeek or without Qwen3, the left-out rows stay within 13%). On H100 the
+    model families (6 rows; refit without DeepSeek or without Qwen3, the left-out rows stay within 14%: 13.1% since the
+    B200 DeepSeek-V3 row runs its recipe's pipeline layout, 2026-12-06). On H100 the
     rows that ran 16 local experts with the all-to-all overlap at micro-batch 1 came out 30-41% slow while the EP 16
     rows of 26.04.01 / 26.06 (8 local experts, no overlap) sat within 2%: the measured throughputs do not scale with
     the local experts' count as per-expert issue alone would. The overlap pairs micro-batches, so the paired one's
@@ -210,7 +211,7 @@ def test_what_the_issue_time_fits_explain_and_what_they_do_not():
     old_bw = fit_call(("b200-180gb", "gb200-nvl72"), "mxfp8", "megatron-core-25.11")
     assert old_bw.value == 70 and len(old_bw.rows) == 6 and len(old_bw.lomo) == 2
     left_out = [e for errs in old_bw.lomo.values() for e in errs]
-    assert max(abs(e) for e in left_out) < 0.13
+    assert max(abs(e) for e in left_out) < 0.14
     new_bw = fit_call(("b200-180gb", "gb200-nvl72"), "mxfp8")
     assert new_bw.value == 45 and new_bw.value < old_bw.value
     new_h, old_h = fit_call(("h100-80gb-sxm",), "fp8"), fit_call(("h100-80gb-sxm",), "fp8", "megatron-core-25.11")
