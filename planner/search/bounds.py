@@ -161,14 +161,14 @@ class GroupTables:
     act_embedding_bytes: np.ndarray
     head_act_bytes: np.ndarray  # LM head logits of one micro-batch (memory.head_activation_bytes)
     cp_buffer_bytes: np.ndarray  # a layer's transient buffers: CP and host-offload transfers (a floor of the workspace)
-    dense_params_per_layer: np.ndarray  # per dense layer on one GPU, after TP (ZeRO shards it over DP x CP)
-    expert_params_per_layer: np.ndarray  # experts of an MoE layer on one GPU, after TP and EP
-    moe_params_per_layer: np.ndarray  # the rest of an MoE layer on one GPU (attention, router, shared experts)
-    largest_layer_params: np.ndarray  # (groups, 2): a dense and an MoE layer on one GPU (ZeRO-3 gathers them)
-    embedding_params: np.ndarray  # on one GPU (rank 0)
-    head_params: np.ndarray  # on one GPU (rank p-1)
-    dp_shard: np.ndarray
-    expert_dp_shard: np.ndarray
+    dense_params_per_layer: PerKey  # per dense layer on one GPU, after TP (ZeRO shards it over DP x CP)
+    expert_params_per_layer: PerKey  # experts of an MoE layer on one GPU, after TP and EP
+    moe_params_per_layer: PerKey  # the rest of an MoE layer on one GPU (attention, router, shared experts)
+    largest_layer_params: PerKey  # (groups, 2): a dense and an MoE layer on one GPU (ZeRO-3 gathers them)
+    embedding_params: PerKey  # on one GPU (rank 0)
+    head_params: PerKey  # on one GPU (rank p-1)
+    dp_shard: PerKey  # these per distinct degrees and schedule
+    expert_dp_shard: PerKey
     kind_index: tuple[int, ...]  # per layer, its kind (ModelSpec.kind_index)
     memory_class: tuple[int, ...]  # per kind, 0 or 1: the class its memory counts in (``memory_classes``)
     optimizer_s_per_param: float  # optimizer step time per local parameter
@@ -248,16 +248,24 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
             picks["n"][u, col], picks["nm"][u, col], picks["infl"][u, col] = n[r], nm[r], infl[r]
             picks["emb"][u, col], picks["head"][u, col] = emb[r], head[r]
     # ---- parameters on one GPU (memory.layer_params_on_gpu / gathered_layer_params, as step.estimate) -------------
-    # per memory class, the least of its kinds' (a floor); a class no kind is in stands for the other's
-    on_gpu = [layer_params_on_gpu(model, tp, ep, kind, etp) for kind in model.layer_kinds]
-    gathered = [gathered_layer_params(model, tp, ep, kind, etp) for kind in model.layer_kinds]
-    (dense_pl, _), (moe_dense, expert_pl) = _per_class(mem_class, on_gpu, len(tp))
-    largest_d, largest_m = _per_class(mem_class, [(g,) for g in gathered], len(tp))
+    # They depend on the degrees and the schedule only: computed once per distinct (TP, CP, PP, VPP, EP, expert TP,
+    # schedule), a few hundred keys for a search's million-odd groups, and read per group through the key.
+    # Per memory class, the least of its kinds' (a floor); a class no kind is in stands for the other's
+    deg, deg_key = _unique_rows(tp, cp, pp, vpp, ep, etp, space.col("sched"))
+    d_tp, d_cp, d_pp, d_vpp, d_ep, d_etp, d_sched = deg.T
+    n_deg = len(deg)
+    on_gpu = [layer_params_on_gpu(model, d_tp, d_ep, kind, d_etp) for kind in model.layer_kinds]
+    gathered = [gathered_layer_params(model, d_tp, d_ep, kind, d_etp) for kind in model.layer_kinds]
+    (dense_pl, _), (moe_dense, expert_pl) = _per_class(mem_class, on_gpu, n_deg)
+    largest_d, largest_m = _per_class(mem_class, [(g,) for g in gathered], n_deg)
     largest_d, largest_m = largest_d[0], largest_m[0]
-    stages = pp * vpp
-    emb_p, head_p = end_params_on_gpu(model, space.seq_len, tp, stages, ep, etp)
-    copies = _stage_copies(space, slice(None))  # DualPipe: each stage's two copies join its ZeRO shards
-    dp_shard = space.dp * cp * copies
+    emb_p, head_p = end_params_on_gpu(model, space.seq_len, d_tp, d_pp * d_vpp, d_ep, d_etp)
+    # DualPipe: each stage's two copies join its ZeRO shards
+    copies = np.array([SCHEDULES[name].stage_copies for name in space.schedules])[d_sched]
+    d_dp = space.num_gpus // (d_tp * d_cp * d_pp)
+
+    def per_degrees(values) -> PerKey:
+        return PerKey(np.zeros(n_deg) + values, deg_key)
     fixed, tn_only = space.fixed, cluster.gpu.fp8_gemm_tn_only
     return GroupTables(
         fwd_s=t_["fwd"], bwd_input_s=t_["bwd_in"], bwd_weight_s=t_["bwd_w"], selective_s=t_["sel"],
@@ -268,12 +276,14 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
         act_none_bytes=t_["act_none"], act_selective_bytes=t_["act_sel"], act_full_bytes=t_["act_full"],
         act_kept_bytes=PerKey(np.stack([tab[k] for k in ("act_none_d", "act_none_m", "act_sel_d", "act_sel_m")],
                                        axis=1), layer_key),
-        moe_params_per_layer=moe_dense, largest_layer_params=np.stack(np.broadcast_arrays(largest_d, largest_m),
-                                                                      axis=1),
+        moe_params_per_layer=per_degrees(moe_dense),
+        largest_layer_params=PerKey(np.stack(np.broadcast_arrays(np.zeros(n_deg) + largest_d, largest_m), axis=1),
+                                    deg_key),
         act_embedding_bytes=t_["act_emb"], head_act_bytes=t_["head_act"], cp_buffer_bytes=t_["cp_buf"],
-        dense_params_per_layer=dense_pl, expert_params_per_layer=expert_pl,
-        embedding_params=emb_p, head_params=head_p,
-        dp_shard=dp_shard, expert_dp_shard=expert_dp_degree(space.dp, cp, ep, tp, etp) * copies,
+        dense_params_per_layer=per_degrees(dense_pl), expert_params_per_layer=per_degrees(expert_pl),
+        embedding_params=per_degrees(emb_p), head_params=per_degrees(head_p),
+        dp_shard=per_degrees(d_dp * d_cp * copies),
+        expert_dp_shard=per_degrees(expert_dp_degree(d_dp, d_cp, d_ep, d_tp, d_etp) * copies),
         kind_index=kind_index, memory_class=mem_class,
         optimizer_s_per_param=float(optimizer_step_s(1.0, cluster.gpu, fixed.adam_moment_bytes)),
         optimizer_bytes=float(optimizer_state_bytes(fixed.adam_moment_bytes)),
