@@ -32,7 +32,7 @@ from dataclasses import replace
 import numpy as np
 
 from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_cluster
-from planner.validation.fit import GRID, _is_moe, source_of
+from planner.validation.fit import GRID, _is_moe, fitting_rows, source_of
 
 PROFILE, PRECISIONS, CHECKED = "b200-180gb", ("fp8", "mxfp8"), "gb200-nvl72"
 #: the ratio the profiles carry (attention_fit.END_TO_END), the descent's start
@@ -67,7 +67,9 @@ def grid_best(runs: list[dict], values: dict[str, float], key: str) -> float:
 
 
 def gemm_rows(rows: list[dict], precision: str) -> list[dict]:
-    return [r for r in rows if r["layout"]["precision"] == precision and r["layout"].get("cp", 1) == 1]
+    """Those of ``rows`` the shipped fit fits ``precision``'s GEMM ratio on (fit.fitting_rows)."""
+    ids = {r["id"] for r in fitting_rows(PROFILE, precision)}
+    return [r for r in rows if r["id"] in ids]
 
 
 def descend(rows: list[dict]) -> tuple[dict[str, float], int]:

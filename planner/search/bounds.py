@@ -261,8 +261,8 @@ def group_tables(model: ModelSpec, cluster: Cluster, space: Space) -> GroupTable
     largest_d, largest_m = largest_d[0], largest_m[0]
     emb_p, head_p = end_params_on_gpu(model, space.seq_len, d_tp, d_pp * d_vpp, d_ep, d_etp)
     # DualPipe: each stage's two copies join its ZeRO shards
-    copies = np.array([SCHEDULES[name].stage_copies for name in space.schedules])[d_sched]
-    d_dp = space.num_gpus // (d_tp * d_cp * d_pp)
+    copies = _schedule_values(space, lambda sched: sched.stage_copies)[d_sched]
+    d_dp = space.dp_of(d_tp, d_cp, d_pp)
 
     def per_degrees(values) -> PerKey:
         return PerKey(np.zeros(n_deg) + values, deg_key)
@@ -405,9 +405,14 @@ def _work_s(t: GroupTables, g: np.ndarray) -> np.ndarray:
     return t.fwd_s[g] + t.bwd_input_s[g] + t.bwd_weight_s[g]
 
 
+def _schedule_values(space: Space, value) -> np.ndarray:
+    """``value(schedule)`` per schedule code of the space (what the ``sched`` column indexes)."""
+    return np.array([value(SCHEDULES[name]) for name in space.schedules])
+
+
 def _per_schedule(space: Space, g, value) -> np.ndarray:
     """``value(schedule)`` of each group's schedule (the ``sched`` column), for groups ``g``."""
-    return np.array([value(SCHEDULES[name]) for name in space.schedules])[space.col("sched")[g]]
+    return _schedule_values(space, value)[space.col("sched")[g]]
 
 
 def _stage_copies(space: Space, g) -> np.ndarray:

@@ -472,11 +472,15 @@ class Space:
     def num_microbatches(self) -> np.ndarray:
         return self._derived()[1]
 
+    def dp_of(self, tp, cp, pp):
+        """The data-parallel degree of these TP, CP and PP degrees (numbers or arrays) on the request's GPUs."""
+        return self.num_gpus // (tp * cp * pp)
+
     def _derived(self) -> tuple[np.ndarray, np.ndarray]:
         """(dp, num_microbatches) per group, computed once."""
         cached = self.__dict__.get("_cache")
         if cached is None:
-            dp = self.num_gpus // (self.col("tp") * self.col("cp") * self.col("pp"))
+            dp = self.dp_of(self.col("tp"), self.col("cp"), self.col("pp"))
             cached = (dp, self.global_batch // (dp * self.col("mb")))
             object.__setattr__(self, "_cache", cached)
         return cached
