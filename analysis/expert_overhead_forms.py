@@ -53,18 +53,22 @@ def ffn_ops_per_copy(model, cfg, moe):
 
 def pass_times_additive(ops, gpu, modules=""):
     """``compute.pass_times`` with the expert overhead added to the GEMM's time instead of taken as a floor."""
-    fwd = bwd_in = bwd_w = sel = 0.0
+    fwd = bwd_in = bwd_w = sel = kernels = issued = 0.0
     for op in ops:
         tf = compute.op_time_s(op, gpu)
         tb = compute.op_bwd_time_s(op, gpu, tf)
+        kernels = kernels + tf + tb
         if np.any(op.expert_calls) and gpu.expert_gemm_call_s:
             extra = op.expert_calls * gpu.expert_call_s(op.precision)
+            issued = issued + (1.0 + compute.GEMM_BWD_RATIO) * extra
             tf, tb = tf + extra, tb + compute.GEMM_BWD_RATIO * extra
         fwd = fwd + tf
         bwd_w = bwd_w + tb * op.weight_grad_fraction
         bwd_in = bwd_in + tb * (1.0 - op.weight_grad_fraction)
         sel = sel + tf * compute.recomputed(op, modules)
-    return compute.PassTimes(fwd, bwd_in, bwd_w, sel)
+    # the device's kernels and the per-copy work, for the paired micro-batch's share (PassTimes.paired_scale): the
+    # per-copy time is device work here, so a paired micro-batch cannot hide it; the pass pair takes their sum
+    return compute.PassTimes(fwd, bwd_in, bwd_w, sel, kernels + issued, 0.0)
 
 
 def use_per_copy(on: bool) -> None:
