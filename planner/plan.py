@@ -73,6 +73,7 @@ def config_fields(model: ModelSpec, cfg: RunConfig) -> dict[str, Any]:
             **({"adam_moment_bytes": cfg.adam_moment_bytes} if cfg.adam_moment_bytes != 4 else {}),
             **({"activation_fp8_input_store": True} if cfg.activation_fp8_input_store else {}),
             **({"moe_load_factor": cfg.moe_load_factor} if cfg.moe_load_factor != 1.0 else {}),
+            **({"comm_reserved_sms": cfg.comm_reserved_sms} if cfg.comm_reserved_sms else {}),
             **({} if cfg.recompute_fused_attention else {"recompute_fused_attention": False}),
             **({} if cfg.overlap_p2p_comm else {"overlap_p2p_comm": False}),
             **({"ep_dispatcher": cfg.ep_dispatcher} if cfg.ep_dispatcher != "alltoall" else {}),

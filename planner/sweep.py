@@ -86,7 +86,7 @@ def _resolve(model: Any, cluster: Any):
 def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_len: int, *,
                    launcher: str | None = None, precision: str = "bf16", stack: str | None = None,
                    constraints: Any = None, adam_moment_bytes: int = 4, activation_fp8_input_store: bool = False,
-                   moe_load_factor: float = 1.0, **kw):
+                   moe_load_factor: float = 1.0, comm_reserved_sms: int = 0, **kw):
     """The full search, or with ``launcher`` / ``stack`` (a stack name or file) the best plan that launcher / stack
     can run, at GEMM ``precision``, within ``constraints`` (``planner.search.space.Constraints``) if given; Adam's
     moments at ``adam_moment_bytes`` and the SwiGLU inputs in fp8 as the run asks (refused for a model without
@@ -101,11 +101,12 @@ def default_search(model, cluster, num_gpus: int, global_batch_size: int, seq_le
                                  stack_target(run_stack, launcher, activation_fp8_input_store), precision=precision,
                                  stack=run_stack, constraints=constraints, adam_moment_bytes=adam_moment_bytes,
                                  activation_fp8_input_store=activation_fp8_input_store,
-                                 moe_load_factor=moe_load_factor, **kw)
+                                 moe_load_factor=moe_load_factor, comm_reserved_sms=comm_reserved_sms, **kw)
     from planner.search import search_plans
     from planner.search.space import SearchSpace
     space = SearchSpace(precision=precision, adam_moment_bytes=adam_moment_bytes,
-                        activation_fp8_input_store=activation_fp8_input_store, moe_load_factor=moe_load_factor)
+                        activation_fp8_input_store=activation_fp8_input_store, moe_load_factor=moe_load_factor,
+                        comm_reserved_sms=comm_reserved_sms)
     if constraints is not None:
         space = constraints.narrow([space], "the search")[0]
     return search_plans(model, cluster, num_gpus, global_batch_size, seq_len, space=space, **kw)
@@ -205,7 +206,8 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
           constraints: Any = None, vary: dict[str, Any] | None = None, prices: Any = None,
           train_tokens: float | None = None, backend: str = "process", scheduler: str | None = None,
           on_row: Callable[[int, dict[str, Any]], None] | None = None, adam_moments: str = "fp32",
-          activation_fp8_input_store: bool = False, moe_load_factor: float = 1.0) -> "Any":
+          activation_fp8_input_store: bool = False, moe_load_factor: float = 1.0,
+          comm_reserved_sms: int = 0) -> "Any":
     """Best plan per scenario over every combination of the inputs; returns a pandas DataFrame.
 
     Each input is one value or a list: ``models`` shipped names / config.json paths / ``ModelSpec``s, ``clusters``
@@ -218,8 +220,9 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     plans each search keeps (the row reports the best; 0 is fastest). ``search``: the search function (default
     ``planner.search.search_plans``; a replacement must be picklable to run in workers). ``constraints``: a
     ``planner.search.space.Constraints`` every search keeps to (``planner sweep --tp 8 --schedules 1f1b``).
-    ``adam_moments`` (fp32 | bf16), ``activation_fp8_input_store`` and ``moe_load_factor``: the run's optimizer
-    moments, SwiGLU input store and MoE routing load, as ``planner plan`` takes them (checked against the stack).
+    ``adam_moments`` (fp32 | bf16), ``activation_fp8_input_store``, ``moe_load_factor`` and ``comm_reserved_sms``:
+    the run's optimizer moments, SwiGLU input store, MoE routing load and the SMs its communication kernels hold,
+    as ``planner plan`` takes them (checked against the stack).
 
     Hardware co-design: ``vary`` maps profile fields ("gpu.hbm_gib", "node.gpus_per_node",
     "inter_node.bandwidth_gb_s") to lists of values; every cluster is swept with every combination, and each field
@@ -259,12 +262,14 @@ def sweep(models: Any, clusters: Any, gpus: Any, global_batch_sizes: Any, seq_le
     run_stack = load_stack(stack) if stack is not None else None
     moment_bytes = adam_moment_bytes(adam_moments, run_stack, "adam_moments")
     checked_store(activation_fp8_input_store, run_stack, option="activation_fp8_input_store")
-    from planner.specs.config import moe_load_factor_value
+    from planner.specs.config import comm_reserved_sms_value, moe_load_factor_value
     load = moe_load_factor_value(moe_load_factor, "moe_load_factor")
+    reserved = comm_reserved_sms_value(comm_reserved_sms, "comm_reserved_sms")
     restricting = {"precision": precision if precision != "bf16" else None, "stack": stack, "launcher": launcher,
                    "constraints": constraints, "adam_moment_bytes": moment_bytes if moment_bytes != 4 else None,
                    "activation_fp8_input_store": activation_fp8_input_store or None,
-                   "moe_load_factor": load if load != 1.0 else None}
+                   "moe_load_factor": load if load != 1.0 else None,
+                   "comm_reserved_sms": reserved or None}
     if launcher is not None:
         from planner.export import launcher_spaces
         launcher_spaces(launcher)

@@ -24,7 +24,8 @@ CHANGES = {"tp": dict(tp=4), "cp": dict(cp=4), "cp_kind": dict(cp_kind="ulysses"
            "recompute_fused_attention": dict(recompute_fused_attention=False), "ep_dispatcher": dict(ep_dispatcher="deepep"),
            "activation_fp8_input_store": dict(activation_fp8_input_store=True),
            "moe_load_factor": dict(moe_load_factor=1.25),
-           "moe_overlap_fills_issue_gaps": dict(moe_overlap_fills_issue_gaps=False)}
+           "moe_overlap_fills_issue_gaps": dict(moe_overlap_fills_issue_gaps=False),
+           "comm_reserved_sms": dict(comm_reserved_sms=20)}
 
 
 def test_every_layer_field_changes_the_cache_key():

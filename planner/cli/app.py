@@ -194,20 +194,26 @@ RUN_OPTIONS = {
                                     help="MoE: the busiest expert-parallel rank's routed tokens over the mean (1: "
                                          "balanced, as benchmarks force it; a dropless run's data is above; a "
                                          "capacity factor with padding: that factor). Not searched"),
+    "comm_reserved_sms": typer.Option(0, "--comm-reserved-sms",
+                                      help="SMs the stack's communication kernels hold through the step, a static "
+                                           "partition (DeepSeek-V3's DualPipe: 20 of the H800's 132); every compute "
+                                           "kernel runs on the rest. 0: kernels share the SMs. Needs the profile's "
+                                           "gpu.sm_count. Not searched"),
 }
 
 
 def run_option_fields(adam_moments: str, act_fp8_store: bool, moe_load_factor: float, stack: Any,
-                      gated_mlp: bool = True) -> dict[str, Any]:
+                      gated_mlp: bool = True, comm_reserved_sms: int = 0) -> dict[str, Any]:
     """The RunConfig fields of :data:`RUN_OPTIONS`' values (the names ``SearchSpace`` and ``plan_for_launcher``
     take too), each refused in one line naming its option where the stack (None: ``--stack any``) or the model
     cannot run it."""
-    from planner.specs.config import moe_load_factor_value
+    from planner.specs.config import comm_reserved_sms_value, moe_load_factor_value
     from planner.specs.stack import activation_fp8_input_store, adam_moment_bytes
 
     return {"adam_moment_bytes": adam_moment_bytes(adam_moments, stack),
             "activation_fp8_input_store": activation_fp8_input_store(act_fp8_store, stack, gated_mlp),
-            "moe_load_factor": moe_load_factor_value(moe_load_factor)}
+            "moe_load_factor": moe_load_factor_value(moe_load_factor),
+            "comm_reserved_sms": comm_reserved_sms_value(comm_reserved_sms)}
 
 
 def check_writable(path: Path, option: str) -> None:

@@ -122,7 +122,7 @@ def estimate(
                                                "sharded optimizer / FSDP (Megatron --fp8-param-gather; default: the "
                                                "stack's)"),
     moe_load_factor: float = RUN_OPTIONS["moe_load_factor"], act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"],
-    adam_moments: str = RUN_OPTIONS["adam_moments"],
+    adam_moments: str = RUN_OPTIONS["adam_moments"], comm_reserved_sms: int = RUN_OPTIONS["comm_reserved_sms"],
     te_fp8_weights: bool = typer.Option(None, "--te-fp8-weights/--no-te-fp8-weights",
                                         help="fp8 / mxfp8 memory: the linear weights held as Transformer Engine "
                                              "holds them (quantized parameters with --fp8-param-gather, else a "
@@ -187,7 +187,8 @@ def estimate(
                     precision=precision, layers_per_stage=split, etp=etp, dp_shard=dp_shard, recompute_modules=modules,
                     ep_comm_overlap=ep_comm_overlap, offload_layers=offload_layers, offload_modules=offload,
                     fused_cross_entropy=fused_cross_entropy, pipeline_flushes=pipeline_flushes,
-                    **run_option_fields(adam_moments, act_fp8_store, moe_load_factor, run_stack, spec.gated_mlp))
+                    **run_option_fields(adam_moments, act_fp8_store, moe_load_factor, run_stack, spec.gated_mlp,
+                                       comm_reserved_sms))
     cfg = run_stack.apply(cfg, flash_attention=flash_attention, overlap_grad_reduce=overlap_grad_reduce,
                           overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                           grad_reduce_bytes=GRAD_REDUCE_DTYPES.get(grad_reduce_dtype),

@@ -138,7 +138,7 @@ def plan(
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 | fp16 | "
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
     moe_load_factor: float = RUN_OPTIONS["moe_load_factor"], act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"],
-    adam_moments: str = RUN_OPTIONS["adam_moments"],
+    adam_moments: str = RUN_OPTIONS["adam_moments"], comm_reserved_sms: int = RUN_OPTIONS["comm_reserved_sms"],
     recompute_modules: str = typer.Option(DEFAULT_RECOMPUTE_MODULES, "--recompute-modules",
                                           help="What selective recomputation redoes (Megatron-Core "
                                                "--recompute-modules; comma list, not searched)"),
@@ -190,6 +190,7 @@ def plan(
                                        ("--adam-moments", adam_moments != "fp32"),
                                        ("--activation-fp8-input-store", act_fp8_store),
                                        ("--moe-load-factor", moe_load_factor != 1.0),
+                                       ("--comm-reserved-sms", comm_reserved_sms != 0),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
                                        ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
@@ -210,7 +211,8 @@ def plan(
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     if ep_dispatcher is not None:
         choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
-    run_opts = run_option_fields(adam_moments, act_fp8_store, moe_load_factor, run_stack, spec.gated_mlp)
+    run_opts = run_option_fields(adam_moments, act_fp8_store, moe_load_factor, run_stack, spec.gated_mlp,
+                                 comm_reserved_sms)
     packed = dist.packed_doc_len(seq_len) if dist is not None and packing else 0.0
     if packed:
         from planner.cost.variable_length import packed_attention_cv

@@ -148,7 +148,7 @@ def sweep(
                                                           "deepspeed | nemo"),
     precision: str = typer.Option("bf16", "--precision", help="GEMM precision: bf16 | fp16 | fp8 | mxfp8"),
     adam_moments: str = RUN_OPTIONS["adam_moments"], moe_load_factor: float = RUN_OPTIONS["moe_load_factor"],
-    act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"],
+    act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"], comm_reserved_sms: int = RUN_OPTIONS["comm_reserved_sms"],
     stack: str = typer.Option(None, "--stack", help="Training stack (default megatron-core, or --launcher's; 'any': "
                                                     "everything the model knows)"),
     jobs: int = typer.Option(None, "--jobs", help="Worker processes (default: all cores for large sweeps)"),
@@ -197,7 +197,7 @@ def sweep(
     sweep_stack = _sweep_stack(stack, launcher)
     # named as the command line names them, before the work
     run_option_fields(adam_moments, act_fp8_store, moe_load_factor,
-                      load_stack(sweep_stack) if sweep_stack is not None else None)
+                      load_stack(sweep_stack) if sweep_stack is not None else None, comm_reserved_sms=comm_reserved_sms)
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
                                      dp_shard)
     varied = vary_values(vary)
@@ -230,7 +230,7 @@ def sweep(
                            vary=varied or None, prices=prices, train_tokens=train_tokens, backend=backend,
                            scheduler=scheduler, on_row=stream.write if stream is not None else None,
                            adam_moments=adam_moments, activation_fp8_input_store=act_fp8_store,
-                           moe_load_factor=moe_load_factor,
+                           moe_load_factor=moe_load_factor, comm_reserved_sms=comm_reserved_sms,
                            progress=lambda done, _total: progress.update(task, completed=done))
         except BaseException:
             if stream is not None and stream.count:

@@ -631,6 +631,15 @@ class PassTimes:
     def bwd_s(self):
         return self.bwd_input_s + self.bwd_weight_s
 
+    def on_sm_share(self, share):
+        """These pass times with every kernel on ``share`` of the GPU's SMs (:func:`compute_sm_share`): the kernels'
+        times over the share (a GEMM or attention kernel's tiles take proportionally more waves; memory-bound kernels
+        are taken the same, their SMs' issue and load slots reserved alike); the host's issue time is unchanged."""
+        share = np.asarray(share, dtype=float)
+        return replace(self, fwd_s=self.fwd_s / share, bwd_input_s=self.bwd_input_s / share,
+                       bwd_weight_s=self.bwd_weight_s / share,
+                       selective_recompute_s=self.selective_recompute_s / share, kernel_s=self.kernel_s / share)
+
     def paired_scale(self):
         """The share of this pass pair's time left when another micro-batch's kernels fill the host's issue gaps
         (Megatron-Core's batch-level MoE overlap runs one micro-batch's forward beside another's backward: while
@@ -640,6 +649,17 @@ class PassTimes:
         floored = self.fwd_s + self.bwd_input_s + self.bwd_weight_s
         paired = np.maximum(self.kernel_s, self.issue_s)
         return np.where(floored > 0, np.minimum(1.0, paired / np.where(floored > 0, floored, 1.0)), 1.0)
+
+
+def compute_sm_share(gpu: GPU, reserved_sms):
+    """The share of the GPU's SMs left to compute kernels when the stack reserves ``reserved_sms`` (a number, or an
+    array over a batch) for its communication kernels (``RunConfig.comm_reserved_sms``): (S - R) / S with S the
+    profile's ``sm_count`` (DeepSeek-V3 report Sec. 3.5.1: 20 of the H800's 132 SMs for communication, "which will
+    limit the computational throughput"); 1 where none are reserved. ``validity`` refuses R >= S and a reservation
+    on a profile without an SM count."""
+    reserved = np.asarray(reserved_sms, dtype=float)
+    total = float(gpu.sm_count)
+    return np.where((reserved > 0) & (total > reserved), (total - reserved) / max(total, 1.0), 1.0)
 
 
 def op_bwd_time_s(op: Op, gpu: GPU, fwd_s):

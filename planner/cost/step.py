@@ -13,7 +13,8 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, embedding_ops, image_keys,
+from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, compute_sm_share, embedding_ops,
+                                  image_keys,
                                   vision_config, vision_projector_ops, head_ops, layer_ops, model_flops_per_step,
                                   mtp_projection_ops, pass_times, recomputed, tp_overlap_windows)
 from planner.cost.context_parallel import NO_CP, cp_layer_cost, mamba_cp_cost
@@ -246,7 +247,10 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     (``moe.ep_layer_cost``) and the activations of ``memory.activation_bytes_per_layer``."""
     gpu = cluster.gpu
     ops = layer_ops(model, cfg, kind)
-    pt = pass_times(ops, gpu, cfg.recompute_modules)
+    # SMs the stack's communication kernels hold through the step (RunConfig.comm_reserved_sms): every kernel runs
+    # on the rest (compute.compute_sm_share), and that reservation is the MoE overlap's whole cost
+    reserved = np.asarray(cfg.comm_reserved_sms)
+    pt = pass_times(ops, gpu, cfg.recompute_modules).on_sm_share(compute_sm_share(gpu, reserved))
     if kind.moe:  # the batch-level overlap pairs micro-batches: one's kernels fill the other's issue gaps
         fills = np.asarray(cfg.ep_comm_overlap, dtype=bool) & (np.asarray(cfg.ep) > 1) & \
             np.asarray(cfg.moe_overlap_fills_issue_gaps, dtype=bool)
@@ -284,7 +288,7 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
         # layer's all-to-alls of one micro-batch, forward and backward, run under the other's kernels of that
         # layer; what sticks out, and the interference of what hides, stays (split evenly over the two passes)
         paired = exposed_s(2 * ep_fwd, pt.fwd_s + pt.bwd_input_s + pt.bwd_weight_s,
-                           gpu.comm_overlap_interference) / 2
+                           np.where(reserved > 0, 0.0, gpu.comm_overlap_interference)) / 2
         ep_fwd = np.where(np.asarray(cfg.ep_comm_overlap, dtype=bool), paired, ep_fwd)
         tp_fwd = np.where(gathered, mixer_fwd, tp_fwd)
         tp_bwd = np.where(gathered, mixer_bwd, tp_bwd)
@@ -365,18 +369,19 @@ def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Grou
     2.2; Megatron-Core places them with the loss): per module its projection (``compute.mtp_projection_ops``), one
     more decoder layer (:func:`layer_costs`, with its TP / EP communication; ``block``, where the caller already
     has that layer's costs) and one more pass of the shared LM head and loss."""
-    emb = pass_times(embedding_ops(model, cfg), cluster.gpu)
+    share = compute_sm_share(cluster.gpu, cfg.comm_reserved_sms)  # RunConfig.comm_reserved_sms, as in layer_costs
+    emb = pass_times(embedding_ops(model, cfg), cluster.gpu).on_sm_share(share)
     emb_fwd, emb_bwd, act_emb = emb.fwd_s, emb.bwd_s, embedding_activation_bytes(model, cfg)
     if model.vision_layers:  # the vision encoder and projector ahead of the embedding (first stage; their
         # backward, none of it needed upstream of the images, is counted with the embedding's as W)
         vcfg = vision_config(model, cfg)
         enc = layer_costs(model.vision_encoder, cluster, vcfg, comm.groups_for(cluster, cfg.tp, 1, 1, 1))
-        proj = pass_times(vision_projector_ops(model, vcfg), cluster.gpu)
+        proj = pass_times(vision_projector_ops(model, vcfg), cluster.gpu).on_sm_share(share)
         n = model.vision_layers
         emb_fwd = emb_fwd + n * enc.fwd_total_s + proj.fwd_s
         emb_bwd = emb_bwd + n * (enc.bwd_input_total_s + enc.bwd_weight_s) + proj.bwd_s
         act_emb = act_emb + n * enc.act_bytes + vision_projector_activation_bytes(model, vcfg)
-    head = pass_times(head_ops(model, cfg), cluster.gpu)
+    head = pass_times(head_ops(model, cfg), cluster.gpu).on_sm_share(share)
     gather = comm.all_gather_s(cluster, groups.tp, cfg.tokens_per_rank * model.hidden_size * ACT_BYTES)
     head_tp = np.where((np.asarray(cfg.tp) > 1) & np.asarray(cfg.sequence_parallel, dtype=bool), gather, 0.0)
     head_fwd, head_bwd_in, head_bwd_w = head.fwd_s, head.bwd_input_s, head.bwd_weight_s
@@ -385,7 +390,7 @@ def end_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Grou
         n = model.mtp_layers
         if block is None:
             block = layer_costs(model, cluster, cfg, groups, model.layer_kinds[mtp_kind(model)])
-        proj = pass_times(mtp_projection_ops(model, cfg), cluster.gpu)
+        proj = pass_times(mtp_projection_ops(model, cfg), cluster.gpu).on_sm_share(share)
         head_fwd = head_fwd + n * (block.fwd_total_s + proj.fwd_s + head.fwd_s)
         head_bwd_in = head_bwd_in + n * (block.bwd_input_total_s + proj.bwd_input_s + head.bwd_input_s)
         head_bwd_w = head_bwd_w + n * (block.bwd_weight_s + proj.bwd_weight_s + head.bwd_weight_s)
@@ -423,7 +428,7 @@ def pipeline_message_bytes(model: ModelSpec, cfg: Config):
 def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, precision, etp, modules,
                epo, fused_ce=True, packed_doc_len=0.0, offload_modules="", attention_kernel="",
                per_expert_calls=True, recompute_fused_attention=True, ep_dispatcher="alltoall",
-               act_fp8_store=False, moe_load=1.0, fills_gaps=True) -> tuple:
+               act_fp8_store=False, moe_load=1.0, fills_gaps=True, reserved_sms=0) -> tuple:
     """What one configuration's layer and end costs depend on besides the model and the cluster (the search's
     layer key with the recompute mode reduced to "selective or not" and SP to "SP with TP"); the TP / CP / EP
     placements follow from the degrees and the cluster. Not in it: GPU count, PP, VPP, global batch, ZeRO stage,
@@ -433,7 +438,8 @@ def _layer_key(tp, cp, cp_kind, ep, mb, seq_len, sp, selective, flash, tpo, prec
             precision, etp, modules if selective else "", bool(epo and ep > 1), bool(fused_ce),
             float(packed_doc_len), offload_modules, attention_kernel if flash else "", bool(per_expert_calls),
             bool(recompute_fused_attention and flash and selective), ep_dispatcher if ep > 1 else "alltoall",
-            bool(act_fp8_store), float(moe_load) if ep > 1 else 1.0, bool(fills_gaps or not (epo and ep > 1)))
+            bool(act_fp8_store), float(moe_load) if ep > 1 else 1.0, bool(fills_gaps or not (epo and ep > 1)),
+            int(reserved_sms))
 
 
 class LayerCostCache:
@@ -471,7 +477,8 @@ class LayerCostCache:
                           cfg.precision, cfg.expert_tp, cfg.recompute_modules, cfg.ep_comm_overlap,
                           cfg.fused_cross_entropy, cfg.packed_doc_len, cfg.offload_modules, cfg.attention_kernel,
                           cfg.per_expert_gemm_calls, cfg.recompute_fused_attention, cfg.ep_dispatcher,
-                          cfg.activation_fp8_input_store, cfg.moe_load_factor, cfg.moe_overlap_fills_issue_gaps)
+                          cfg.activation_fp8_input_store, cfg.moe_load_factor, cfg.moe_overlap_fills_issue_gaps,
+                          cfg.comm_reserved_sms)
 
     def layer(self, model: ModelSpec, cluster: Cluster, cfg: RunConfig, groups: comm.Groups,
               kind: int) -> LayerCost:

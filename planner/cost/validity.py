@@ -8,8 +8,8 @@ from planner.cost.data_parallel import expert_dp_degree
 from planner.cost.schedule import SCHEDULES
 from planner.errors import PlannerError
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES,
-                                   RunConfig, canonical_recompute_modules, even_layer_split, moe_load_factor_value,
-                                   recompute_module_on)
+                                   RunConfig, canonical_recompute_modules, comm_reserved_sms_value, even_layer_split,
+                                   moe_load_factor_value, recompute_module_on)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -88,6 +88,19 @@ def recompute_modules_problem(model: ModelSpec, modules: str, recompute: str = "
         return f"moe_act recomputes experts' activations; {model.name} has no experts; drop it"
     if recompute_module_on(modules, "moe") and not model.is_moe:
         return f"moe recomputes MoE blocks; {model.name} has no experts; drop it (dense MLPs: mlp)"
+    return None
+
+
+def reserved_sms_problem(cluster: Cluster, reserved: int) -> str | None:
+    """Why ``reserved`` SMs held by communication kernels (``RunConfig.comm_reserved_sms``) cannot be priced on this
+    cluster's GPU, or None: its profile gives no SM count, or the reservation leaves none to compute."""
+    sms = cluster.gpu.sm_count
+    if reserved and not sms:
+        return (f"the {cluster.gpu.name} profile gives no SM count (gpu.sm_count), so reserved SMs cannot be priced; "
+                "add it to the profile or use 0")
+    if reserved >= sms > 0:
+        return (f"{reserved} SMs reserved for communication leave none of the {cluster.gpu.name}'s {sms} to compute; "
+                "use fewer")
     return None
 
 
@@ -254,6 +267,12 @@ def config_problems(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> list[
         moe_load_factor_value(cfg.moe_load_factor, "moe_load_factor")
     except PlannerError as e:
         out.append(("moe_load_factor", e.reason))
+    try:
+        problem = reserved_sms_problem(cluster, comm_reserved_sms_value(cfg.comm_reserved_sms, "comm_reserved_sms"))
+    except PlannerError as e:
+        problem = e.reason
+    if problem:
+        out.append(("comm_reserved_sms", problem))
     if cfg.activation_fp8_input_store and not model.gated_mlp:
         # Megatron-Core: "Storing activation input in FP8 is supported only for SwiGLU." (transformer_config.py)
         out.append(("activation_fp8_input_store", f"{model.name}'s MLPs are not gated (SwiGLU): Megatron-Core "

@@ -132,14 +132,16 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
                       constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "",
                       packed_attention_cv: float = 0.0, attention_kernel: str | None = None,
                       ep_dispatcher: str | None = None, adam_moment_bytes: int = 4,
-                      activation_fp8_input_store: bool = False, moe_load_factor: float = 1.0) -> Any:
+                      activation_fp8_input_store: bool = False, moe_load_factor: float = 1.0,
+                      comm_reserved_sms: int = 0) -> Any:
     """The best plan ``target`` can run (a ``planner.plan.Plan``) at GEMM ``precision``, within what ``stack``
     runs if one is given and what ``constraints`` (a ``planner.search.space.Constraints``) allow; InfeasibleError
     when none fits. ``refine_partition=False`` keeps the even layer split (``planner plan --even-split``);
     ``attention_kernel`` overrides the stack's kernel (``--attention-kernel``), ``ep_dispatcher`` its MoE token
     dispatcher (``--ep-dispatcher``); ``adam_moment_bytes`` the request's Adam moments (``--adam-moments``),
     ``activation_fp8_input_store`` its SwiGLU fp8 input store (``--activation-fp8-input-store``),
-    ``moe_load_factor`` its MoE routing's load on the busiest EP rank (``--moe-load-factor``)."""
+    ``moe_load_factor`` its MoE routing's load on the busiest EP rank (``--moe-load-factor``),
+    ``comm_reserved_sms`` the SMs its communication kernels hold under the MoE overlap (``--comm-reserved-sms``)."""
     from planner.export import target_module
     from planner.plan import search_plans
     from planner.search.engine import objective_key
@@ -176,9 +178,9 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
         spaces = [replace(s, adam_moment_bytes=adam_moment_bytes,
                           zero_stages=tuple(z for z in s.zero_stages if z >= 1 or target not in ("megatron", "nemo")))
                   for s in spaces]
-    if activation_fp8_input_store or moe_load_factor != 1.0:
-        spaces = [replace(s, activation_fp8_input_store=activation_fp8_input_store, moe_load_factor=moe_load_factor)
-                  for s in spaces]
+    if activation_fp8_input_store or moe_load_factor != 1.0 or comm_reserved_sms:
+        spaces = [replace(s, activation_fp8_input_store=activation_fp8_input_store, moe_load_factor=moe_load_factor,
+                          comm_reserved_sms=comm_reserved_sms) for s in spaces]
     found = []
     reasons = []
     fixes = []

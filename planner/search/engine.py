@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from planner.cost.step import LAYER_COSTS, BatchCosts, Estimate, batch_costs, estimate
-from planner.cost.validity import config_problems, recompute_modules_problem
+from planner.cost.validity import config_problems, recompute_modules_problem, reserved_sms_problem
 from planner.errors import InfeasibleError, PlannerError
 from planner.search.bounds import (column_floors, column_memory_floors, group_floors, group_memory_bound,
                                    group_tables, group_time_bound, layer_key_batch, refined_group_bounds,
@@ -170,6 +170,9 @@ def search(model: ModelSpec, cluster: Cluster, num_gpus: int, global_batch: int,
     problem = recompute_modules_problem(model, space.recompute_modules)
     if problem:
         raise PlannerError(problem, source="--recompute-modules")
+    problem = reserved_sms_problem(cluster, space.comm_reserved_sms)
+    if problem:
+        raise PlannerError(problem, source="--comm-reserved-sms")
     if cluster.max_gpus and num_gpus > cluster.max_gpus:
         raise PlannerError(f"cluster {cluster.name} has at most {cluster.max_gpus} GPUs", source="--gpus",
                            fix=f"use --gpus <= {cluster.max_gpus}")

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from planner.errors import PlannerError
+from planner.specs.model import MAX_CONFIG_INT
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 #: what selective recomputation redoes, as Megatron-Core's ``--recompute-modules`` names it
@@ -107,6 +108,16 @@ def moe_load_factor_value(value: float, option: str = "--moe-load-factor") -> fl
     return float(value)
 
 
+def comm_reserved_sms_value(value: int, option: str = "--comm-reserved-sms") -> int:
+    """A request's ``comm_reserved_sms`` (:class:`RunConfig`), refused in one line naming ``option`` unless a
+    non-negative integer (the profile's SM count bounds it: ``validity``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CONFIG_INT:
+        raise PlannerError(f"must be a whole number of SMs >= 0, got {value!r}", source=option,
+                           fix="use 0 (kernels share the SMs), or the SMs the stack's communication kernels hold "
+                               "(DeepSeek-V3's DualPipe: 20)")
+    return int(value)
+
+
 def per_precision(precision, values, default: float) -> np.ndarray:
     """``values`` ((name, value) pairs) looked up for ``precision`` (a name, or an array of names over a batch);
     ``default`` for names not listed."""
@@ -187,6 +198,14 @@ class RunConfig:
     #: transformer_config.py); a dropless run's real data is above it; with a capacity factor C and padding to
     #: capacity (moe_expert_capacity_factor, moe_pad_expert_input_to_capacity) every rank computes C
     moe_load_factor: float = 1.0
+    #: SMs the stack's communication kernels hold through the step (a static partition: DeepSeek-V3's DualPipe keeps
+    #: 20 of the H800's 132 for its all-to-all kernels, report Sec. 3.2.2 and 3.5.1, "which will limit the
+    #: computational throughput"; DeepGEMM's persistent kernels take their SM count from deep_gemm.set_num_sms):
+    #: every compute kernel runs on the GPU's other SMs (``GPU.sm_count``), and the overlapped MoE all-to-alls cost
+    #: nothing more. 0: kernels share the SMs dynamically and each overlapped transfer costs
+    #: ``GPU.comm_overlap_interference`` of its time (Megatron-Core, whose DeepEP / HybridEP kernels hold their SMs
+    #: only while they run)
+    comm_reserved_sms: int = 0
     #: the fp8 / mxfp8 linear layers hold their weights as Transformer Engine modules under Megatron-Core do
     #: (``memory.held_linear_weight_bytes``): with ``fp8_param_gather`` as quantized tensors instead of bf16
     #: (fp8_model_init), without it bf16 plus a quantized copy kept across the micro-batches of a step (TE's weight
@@ -298,7 +317,7 @@ class RunConfig:
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "moe_overlap_fills_issue_gaps",
                 "fp8_param_gather", "te_quantized_weights", "grads_in_reduce_dtype", "adam_moment_bytes", "activation_fp8_input_store", "moe_load_factor",
-                "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
+                "comm_reserved_sms", "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
                 "offload_modules", "overlap_p2p_comm")
 
 
@@ -317,6 +336,7 @@ class FixedOptions:
     adam_moment_bytes: int = RunConfig.adam_moment_bytes
     activation_fp8_input_store: bool = RunConfig.activation_fp8_input_store
     moe_load_factor: float = RunConfig.moe_load_factor
+    comm_reserved_sms: int = RunConfig.comm_reserved_sms
     recompute_fused_attention: bool = RunConfig.recompute_fused_attention
     recompute_modules: str = RunConfig.recompute_modules
     packed_doc_len: float = RunConfig.packed_doc_len
@@ -340,7 +360,7 @@ LAYER_FIELDS = ("tp", "cp", "cp_kind", "ep", "micro_batch_size", "seq_len", "seq
                 "flash_attention", "tp_comm_overlap", "precision", "expert_tp", "recompute_modules",
                 "ep_comm_overlap", "fused_cross_entropy", "packed_doc_len", "offload_modules", "attention_kernel",
                 "per_expert_gemm_calls", "recompute_fused_attention", "ep_dispatcher", "activation_fp8_input_store",
-                "moe_load_factor", "moe_overlap_fills_issue_gaps")
+                "moe_load_factor", "moe_overlap_fills_issue_gaps", "comm_reserved_sms")
 
 
 @dataclass(frozen=True, eq=False)
@@ -376,6 +396,7 @@ class ConfigBatch:
     activation_fp8_input_store: np.ndarray
     moe_load_factor: np.ndarray
     moe_overlap_fills_issue_gaps: np.ndarray
+    comm_reserved_sms: np.ndarray
 
     @classmethod
     def from_columns(cls, **cols: Any) -> "ConfigBatch":
@@ -389,7 +410,7 @@ class ConfigBatch:
                  "sequence_parallel": bool, "flash_attention": bool, "tp_comm_overlap": bool, "ep_comm_overlap": bool,
                  "fused_cross_entropy": bool, "packed_doc_len": float, "per_expert_gemm_calls": bool,
                  "recompute_fused_attention": bool, "activation_fp8_input_store": bool,
-                 "moe_load_factor": float, "moe_overlap_fills_issue_gaps": bool}
+                 "moe_load_factor": float, "moe_overlap_fills_issue_gaps": bool, "comm_reserved_sms": np.int64}
         # a string setting given as a scalar stays a broadcast view (strides 0), which ``single_value`` reads once
         out = {f: (a.astype(kinds[f]) if f in kinds else a if a.dtype.kind == "U" else a.astype(str))
                for f, a in zip(LAYER_FIELDS, arrays)}

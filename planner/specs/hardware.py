@@ -133,6 +133,9 @@ class GPU:
     #: of backward is kept with an fp8 transpose beside its data (Hopper and Ada: Transformer Engine's
     #: ``is_non_tn_fp8_gemm_supported`` is false below compute capability 10.0; Blackwell takes any layout)
     fp8_gemm_tn_only: bool = True
+    #: streaming multiprocessors (compute units) of one GPU, what a stack that reserves some for its communication
+    #: kernels leaves the rest of to compute (``RunConfig.comm_reserved_sms``); 0: not given by the profile
+    sm_count: int = 0
 
     def attention_kernel_names(self) -> tuple[str, ...]:
         """The kernels this profile has a table for, the default first."""
@@ -424,6 +427,16 @@ def _per_precision(d: Any, source: str, section: str, *, maximum: float | None, 
     return tuple(out)
 
 
+def _count(g: dict, key: str, source: str) -> int:
+    """An optional whole count of the ``gpu`` section (0 where absent), refused in one line unless a non-negative
+    integer."""
+    value = g.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CONFIG_INT:
+        raise PlannerError(f"must be a non-negative integer, got {value!r}", source=source, field=f"gpu.{key}",
+                           fix="give the GPU's SM count (e.g. 132 for H100 SXM5) or leave the field out")
+    return value
+
+
 def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str = "cluster") -> Cluster:
     if not isinstance(data, dict):
         raise PlannerError("top level must be a JSON object", source=source, fix=_FORMAT_FIX)
@@ -449,6 +462,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
         other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),
+        sm_count=_count(g, "sm_count", source),
     )
     node = data.get("node")
     if not isinstance(node, dict):

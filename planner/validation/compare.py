@@ -204,6 +204,8 @@ def estimate_command(run: dict) -> str:
         parts.append("--activation-fp8-input-store")
     if cfg.moe_load_factor != 1.0:
         parts.append(f"--moe-load-factor {cfg.moe_load_factor:g}")
+    if cfg.comm_reserved_sms:
+        parts.append(f"--comm-reserved-sms {cfg.comm_reserved_sms}")
     if cfg.te_quantized_weights != load_stack(row_stack(run)).te_quantized_weights:
         parts.append("--te-fp8-weights" if cfg.te_quantized_weights else "--no-te-fp8-weights")
     if cfg.layers_per_stage is not None:
