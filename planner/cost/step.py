@@ -14,9 +14,8 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, compute_sm_share, embedding_ops,
-                                  image_keys,
-                                  vision_config, vision_projector_ops, head_ops, layer_ops, model_flops_per_step,
-                                  mtp_projection_ops, pass_times, recomputed, tp_overlap_windows)
+                                  image_keys, vision_config, vision_projector_ops, head_ops, layer_ops,
+                                  model_flops_per_step, mtp_projection_ops, pass_times, recomputed, tp_overlap_windows)
 from planner.cost.context_parallel import NO_CP, cp_layer_cost, mamba_cp_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
                                         expert_shard_degree, exposed_s, gathered_linear_weight_bytes,

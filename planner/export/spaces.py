@@ -141,7 +141,7 @@ def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size
     dispatcher (``--ep-dispatcher``); ``adam_moment_bytes`` the request's Adam moments (``--adam-moments``),
     ``activation_fp8_input_store`` its SwiGLU fp8 input store (``--activation-fp8-input-store``),
     ``moe_load_factor`` its MoE routing's load on the busiest EP rank (``--moe-load-factor``),
-    ``comm_reserved_sms`` the SMs its communication kernels hold under the MoE overlap (``--comm-reserved-sms``)."""
+    ``comm_reserved_sms`` the SMs its communication kernels hold through the step (``--comm-reserved-sms``)."""
     from planner.export import target_module
     from planner.plan import search_plans
     from planner.search.engine import objective_key

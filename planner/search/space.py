@@ -92,7 +92,7 @@ class SearchSpace:
     activation_fp8_input_store: bool = False
     #: the busiest EP rank's routed load over the mean (config.RunConfig.moe_load_factor: the request's)
     moe_load_factor: float = 1.0
-    #: SMs the stack's communication kernels hold under the MoE overlap (config.RunConfig.comm_reserved_sms: the
+    #: SMs the stack's communication kernels hold through the step (config.RunConfig.comm_reserved_sms: the
     #: request's)
     comm_reserved_sms: int = 0
     #: selective "core_attn" re-runs the fused attention (config.RunConfig.recompute_fused_attention: the stack's)

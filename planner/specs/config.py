@@ -316,9 +316,9 @@ class RunConfig:
 #: selective recomputation redoes, offloaded module inputs, overlapped pipeline sends) and the data (packed
 #: document lengths) decide
 FIXED_FIELDS = ("precision", "attention_kernel", "per_expert_gemm_calls", "moe_overlap_fills_issue_gaps",
-                "fp8_param_gather", "te_quantized_weights", "grads_in_reduce_dtype", "adam_moment_bytes", "activation_fp8_input_store", "moe_load_factor",
-                "comm_reserved_sms", "recompute_fused_attention", "recompute_modules", "packed_doc_len", "packed_attention_cv",
-                "offload_modules", "overlap_p2p_comm")
+                "fp8_param_gather", "te_quantized_weights", "grads_in_reduce_dtype", "adam_moment_bytes",
+                "activation_fp8_input_store", "moe_load_factor", "comm_reserved_sms", "recompute_fused_attention",
+                "recompute_modules", "packed_doc_len", "packed_attention_cv", "offload_modules", "overlap_p2p_comm")
 
 
 @dataclass(frozen=True)

@@ -427,12 +427,12 @@ def _per_precision(d: Any, source: str, section: str, *, maximum: float | None, 
     return tuple(out)
 
 
-def _count(g: dict, key: str, source: str) -> int:
-    """An optional whole count of the ``gpu`` section (0 where absent), refused in one line unless a non-negative
+def _sm_count(g: dict, source: str) -> int:
+    """The ``gpu`` section's optional ``sm_count`` (0 where absent), refused in one line unless a non-negative
     integer."""
-    value = g.get(key, 0)
+    value = g.get("sm_count", 0)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CONFIG_INT:
-        raise PlannerError(f"must be a non-negative integer, got {value!r}", source=source, field=f"gpu.{key}",
+        raise PlannerError(f"must be a non-negative integer, got {value!r}", source=source, field="gpu.sm_count",
                            fix="give the GPU's SM count (e.g. 132 for H100 SXM5) or leave the field out")
     return value
 
@@ -462,7 +462,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
         other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),
-        sm_count=_count(g, "sm_count", source),
+        sm_count=_sm_count(g, source),
     )
     node = data.get("node")
     if not isinstance(node, dict):
