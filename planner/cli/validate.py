@@ -24,16 +24,22 @@ def _summary(errors: list[float]) -> dict:
 
 
 def modern_report(rows) -> dict:
-    """Per-row and per-group accuracy of the modern set (rows that cannot be expressed are listed, not scored)."""
+    """Per-row and per-group accuracy of the modern set (rows that cannot be expressed are listed, not scored), and
+    apart the rows some fitted value is fitted on (in sample) from the rest (out of sample)."""
+    from planner.validation.fit import fitted_row_ids
+
     scored = [r for r in rows if r.estimated is not None]
+    fitted = fitted_row_ids()
     return {
         "rows": [{"id": r.id, "framework": r.framework, "groups": list(r.groups), "measured_tokens_per_s_per_gpu":
                   r.measured, "estimated_tokens_per_s_per_gpu": r.estimated,
                   "error": r.error if r.estimated is not None else None, "cannot_express": r.cannot_express or None,
                   "peak_memory_gib": r.peak_memory_gib, "memory_limit_gib": r.memory_limit_gib, "fits": r.fits,
-                  "source": r.source, "command": r.command} for r in rows],
+                  "in_sample": r.id in fitted, "source": r.source, "command": r.command} for r in rows],
         "overall": _summary([r.error for r in scored]),
         "groups": {g: _summary([r.error for r in scored if g in r.groups]) for g in GROUPS},
+        "in_sample": _summary([r.error for r in scored if r.id in fitted]),
+        "out_of_sample": _summary([r.error for r in scored if r.id not in fitted]),
         "cannot_express": sum(1 for r in rows if r.estimated is None),
         "do_not_fit": [r.id for r in rows if r.fits is False],
     }
@@ -91,7 +97,9 @@ def validate(
             con.print(t)
             g = Table(title="modern set: accuracy per group (a row may be in several)")
             add_columns(g, ("group", "rows", "mean |error|", "median |error|", "max |error|"), text=("group",))
-            for name, s in [("all", report["overall"])] + list(report["groups"].items()):
+            apart = [("in sample: rows a fitted value is fitted on", report["in_sample"]),
+                     ("out of sample: all other rows", report["out_of_sample"])]
+            for name, s in [("all", report["overall"])] + list(report["groups"].items()) + apart:
                 g.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
                           _pct(s["max_abs_error"]))
             con.print(g)

@@ -129,6 +129,16 @@ def call_fitting_rows(profiles: tuple[str, ...], precision: str, stack: str = DE
             and r["layout"].get("per_expert_gemm_calls", True)]
 
 
+def fitted_row_ids() -> frozenset[str]:
+    """The modern rows some fitted profile or stack value is fitted on (:data:`TARGETS`' GEMM ratios and
+    :data:`CALL_TARGETS`' expert GEMM issue times): the in-sample rows. Every other row is out of sample: no fitted
+    number was chosen to match it."""
+    ids = {r["id"] for profile, precision, _ in TARGETS for r in fitting_rows(profile, precision)}
+    ids |= {r["id"] for profiles, precision, _, stack in CALL_TARGETS
+            for r in call_fitting_rows(profiles, precision, stack)}
+    return frozenset(ids)
+
+
 def source_of(run: dict) -> str:
     """The source a row comes from, for leave-one-source-out: its framework release."""
     return run["framework"].split(" (")[0]
