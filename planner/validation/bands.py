@@ -3,7 +3,9 @@
     python -m planner.validation.bands           # print the bands from the validation sets
     python -m planner.validation.bands --write   # store them in error_bands.json (what estimates read)
 
-A band is the mean absolute error of one cell of the validation residuals: GPU family (A100: the papers' set;
+A band is the mean absolute error of one cell of the validation residuals, each row a fitted value is chosen on
+scored at that value refit without the row's source (``fit.cross_validated_errors``: the error a run of an unseen
+release meets; a row alone in its fit's only source keeps its own): GPU family (A100: the papers' set;
 H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit), dense or MoE, and with or without context
 parallelism (the H100 rows with ring CP are 7-17% optimistic where those without are within 4%: a plan with CP
 should not borrow the others' band), Ulysses CP a kind of its own (no published run has it: such a plan gets the
@@ -59,6 +61,7 @@ def kind_label(moe: bool, cp: bool, cp_kind: str = "ring", vision: bool = False)
 def compute_bands() -> dict:
     """Every cell's rows and mean |error|, from the papers' set and the modern set."""
     from planner.validation.compare import load_modern_runs, validate, validate_modern
+    from planner.validation.fit import cross_validated_errors
 
     cells: dict[tuple[str, str, str], list[tuple[str, float]]] = {}
     for row in validate():
@@ -66,6 +69,7 @@ def compute_bands() -> dict:
             continue  # the held-out Llama 3 rows check generalization; they are not a band
         cells.setdefault(("A100", "16-bit", "dense"), []).append((row.id, row.error))
     runs = {r["id"]: r for r in load_modern_runs()}
+    left_out = cross_validated_errors()
     for row in validate_modern():
         if row.estimated is None:
             continue
@@ -73,7 +77,7 @@ def compute_bands() -> dict:
         moe = "MoE" if "MoE" in row.groups else "dense"  # compare.row_groups: the model has routed experts
         kind = kind_label(moe == "MoE", "context parallel" in row.groups, run["layout"].get("cp_kind", "ring"))
         key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), kind)
-        cells.setdefault(key, []).append((row.id, row.error))
+        cells.setdefault(key, []).append((row.id, left_out.get(row.id, row.error)))
     return {"bands": [{"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v],
                        "mean_abs_error": round(statistics.mean(abs(e) for _, e in v), 4)}
                       for k, v in sorted(cells.items())]}

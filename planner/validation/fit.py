@@ -16,6 +16,7 @@ release) the ratio is refit without its rows and the left-out rows are scored wi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from dataclasses import dataclass, field, replace
@@ -137,6 +138,21 @@ def fitted_row_ids() -> frozenset[str]:
     ids |= {r["id"] for profiles, precision, _, stack in CALL_TARGETS
             for r in call_fitting_rows(profiles, precision, stack)}
     return frozenset(ids)
+
+
+@functools.lru_cache(maxsize=1)
+def cross_validated_errors() -> dict[str, float]:
+    """Each in-sample row's signed error at the value refit without its source (leave one source out, as
+    :func:`fit` and :func:`fit_call` report it): the error the model would make on that row had its release never
+    been seen. Rows whose source is the only one of their fit are absent (nothing is left to refit on)."""
+    out: dict[str, float] = {}
+    targets = [(fitting_rows(profile, precision), RATIO, precision) for profile, precision, _ in TARGETS]
+    targets += [(call_fitting_rows(profiles, precision, stack), CALL, precision)
+                for profiles, precision, _, stack in CALL_TARGETS]
+    for runs, param, precision in targets:
+        for source, errors in _left_out(runs, source_of, param, precision).items():
+            out.update(zip((r["id"] for r in runs if source_of(r) == source), errors))
+    return out
 
 
 def source_of(run: dict) -> str:
