@@ -301,6 +301,8 @@ def test_validate_reports_in_sample_and_out_of_sample_rows_apart():
     rep = json.loads(r.stdout)["modern"]
     assert {row["id"] for row in rep["rows"] if row["in_sample"]} == set(fitted)
     assert rep["in_sample"]["rows"] + rep["out_of_sample"]["rows"] == rep["overall"]["rows"]
+    assert rep["in_sample_left_out"]["rows"] == rep["in_sample"]["rows"]
+    assert rep["in_sample_left_out"]["max_abs_error"] == pytest.approx(0.536, abs=0.01)  # 25.11 H100 Qwen3-30B
     out = [abs(row["error"]) for row in rep["rows"] if not row["in_sample"] and row["error"] is not None]
     assert rep["out_of_sample"]["mean_abs_error"] == pytest.approx(sum(out) / len(out))
     table = CliRunner().invoke(app, ["validate", "--set", "modern"])

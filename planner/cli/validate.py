@@ -26,10 +26,10 @@ def _summary(errors: list[float]) -> dict:
 def modern_report(rows) -> dict:
     """Per-row and per-group accuracy of the modern set (rows that cannot be expressed are listed, not scored), and
     apart the rows some fitted value is fitted on (in sample) from the rest (out of sample)."""
-    from planner.validation.fit import fitted_row_ids
+    from planner.validation.fit import cross_validated_errors, fitted_row_ids
 
     scored = [r for r in rows if r.estimated is not None]
-    fitted = fitted_row_ids()
+    fitted, left_out = fitted_row_ids(), cross_validated_errors()
     return {
         "rows": [{"id": r.id, "framework": r.framework, "groups": list(r.groups), "measured_tokens_per_s_per_gpu":
                   r.measured, "estimated_tokens_per_s_per_gpu": r.estimated,
@@ -39,6 +39,8 @@ def modern_report(rows) -> dict:
         "overall": _summary([r.error for r in scored]),
         "groups": {g: _summary([r.error for r in scored if g in r.groups]) for g in GROUPS},
         "in_sample": _summary([r.error for r in scored if r.id in fitted]),
+        # the same rows, each at the value refit without its release (a row alone in its fit's release: its own)
+        "in_sample_left_out": _summary([left_out.get(r.id, r.error) for r in scored if r.id in fitted]),
         "out_of_sample": _summary([r.error for r in scored if r.id not in fitted]),
         "cannot_express": sum(1 for r in rows if r.estimated is None),
         "do_not_fit": [r.id for r in rows if r.fits is False],
@@ -98,6 +100,7 @@ def validate(
             g = Table(title="modern set: accuracy per group (a row may be in several)")
             add_columns(g, ("group", "rows", "mean |error|", "median |error|", "max |error|"), text=("group",))
             apart = [("in sample: rows a fitted value is fitted on", report["in_sample"]),
+                     ("  the same, each refit without its release", report["in_sample_left_out"]),
                      ("out of sample: all other rows", report["out_of_sample"])]
             for name, s in [("all", report["overall"])] + list(report["groups"].items()) + apart:
                 g.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
