@@ -307,3 +307,47 @@ def test_validate_reports_in_sample_and_out_of_sample_rows_apart():
     assert rep["out_of_sample"]["mean_abs_error"] == pytest.approx(sum(out) / len(out))
     table = CliRunner().invoke(app, ["validate", "--set", "modern"])
     assert "out of sample" in table.output and "in sample" in table.output
+
+
+def test_a_plan_says_when_its_runner_up_is_a_run_of_another_kind():
+    """The bands carry the rows' mean signed error (which way the model errs on such runs), and a plan whose runner-
+    up is a run of another kind (here: the winner with ring CP, the runner-up without) carries both bands and says
+    how the model reads each kind: on H100 fp8 the CP rows all read fast (+25%), the others within a few percent."""
+    from planner.cli.plan import tie_note
+    from planner.validation.bands import BANDS_FILE, band_for
+    from planner.validation.fit import cross_validated_errors
+
+    left_out = cross_validated_errors()
+    for c in json.loads(BANDS_FILE.read_text())["bands"]:
+        if all(i in ROWS for i in c["rows"]):  # a modern cell: its rows' signed errors, fitted rows left out
+            errs = [left_out.get(i, ROWS[i].error) for i in c["rows"]]
+            assert c["mean_signed_error"] == pytest.approx(statistics.mean(errs), abs=1e-4)
+    cp = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False, cp=True)
+    assert cp.mean_signed_error == pytest.approx(cp.mean_abs_error)  # every such row reads fast
+    args = ["plan", "--model", "llama-3.1-70b", "--cluster", "h100-80gb-sxm", "--gpus", "64", "--global-batch", "128",
+            "--seq-len", "8192", "--precision", "fp8", "--stack", "torchtitan", "--cp", "1,2", "--top", "8"]
+    r = CliRunner().invoke(app, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    first, second = d["parallelism"]["cp"], d["alternatives"][0]["parallelism"]["cp"]
+    acc = d["accuracy"]
+    assert (first, second) == (2, 1)  # 2026-12-06: TP2 PP4 DP4 CP2 ahead of TP4 PP2 DP8 by 1.6%
+    assert acc["group"].endswith("dense with CP") and acc["runner_up"]["group"] == "H100 / H200 / H800, fp8, dense"
+    from planner.schema import validate_plan_json
+    validate_plan_json(d, "plan")
+    note_acc = {"group": "a", "mean_abs_error": 0.25, "mean_signed_error": 0.25,
+                "runner_up": {"group": "b", "mean_abs_error": 0.07, "mean_signed_error": 0.05}}
+
+    class _Est:
+        def __init__(self, s):
+            self.step_time_s = s
+
+    class _Alt:
+        estimate = _Est(1.02)
+
+    class _Plan:
+        estimate = _Est(1.0)
+        alternatives = [_Alt()]
+
+    note = tie_note(_Plan(), note_acc)
+    assert "inside the model's ±25.0%" in note and "like #1 (a) +25.0%" in note and "like #2 (b) +5.0% (±7.0%)" in note

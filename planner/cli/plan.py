@@ -96,9 +96,16 @@ def tie_note(plan: Plan, accuracy: dict) -> str:
         return ""
     band = accuracy["mean_abs_error"]
     if margin < band:
-        return (f"#1 leads #2 by {100 * margin:.1f}%, inside the model's ±{100 * band:.1f}% error band on such "
+        note = (f"#1 leads #2 by {100 * margin:.1f}%, inside the model's ±{100 * band:.1f}% error band on such "
                 f"runs: a tie under the model's accuracy; choose between them on other grounds (or measure both)")
-    return f"#1 leads #2 by {100 * margin:.1f}%, more than the model's ±{100 * band:.1f}% error band on such runs"
+    else:
+        note = f"#1 leads #2 by {100 * margin:.1f}%, more than the model's ±{100 * band:.1f}% error band on such runs"
+    other = accuracy.get("runner_up")
+    if other:  # the runner-up is a run of another kind (with or without CP): the model knows the two differently
+        note += (f". The two are runs of different kinds: the model reads published runs like #1 "
+                 f"({accuracy['group']}) {100 * accuracy['mean_signed_error']:+.1f}% on average, like #2 "
+                 f"({other['group']}) {100 * other['mean_signed_error']:+.1f}% (±{100 * other['mean_abs_error']:.1f}%)")
+    return note
 
 
 def print_plan(con: Console, plan: Plan, objective: str, title: str, accuracy: dict | None = None,
@@ -283,6 +290,11 @@ def plan(
     margin = runner_up_margin(result)
     if margin is not None:
         accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]
+        second = result.alternatives[0].config
+        other = band_for(hw.gpu.name, precision, spec.is_moe, second.cp > 1, second.cp_kind,
+                         vision=spec.vision_layers > 0).to_dict()
+        if other["group"] != accuracy["group"]:
+            accuracy["runner_up"] = other
     if json_out:
         typer.echo(dumps({**result.to_dict(timings=timings), "stack": stack_name,
                           "attention_kernel_priced": attention_kernel_priced(hw.gpu, result.config),

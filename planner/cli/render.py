@@ -184,8 +184,16 @@ def accuracy_line(accuracy: dict | None) -> str:
     if not accuracy:
         return ""
     how = "published runs like this one" if accuracy["same_kind_of_run"] else "the nearest published runs"
-    return (f"model accuracy on {how} ({accuracy['group']}, {accuracy['rows']} rows): "
+    line = (f"model accuracy on {how} ({accuracy['group']}, {accuracy['rows']} rows): "
             f"±{100 * accuracy['mean_abs_error']:.1f}% mean error in throughput")
+    return line + bias_words(accuracy.get("mean_signed_error", 0.0))
+
+
+def bias_words(signed: float) -> str:
+    """The validation rows' mean signed error in words: which way the model errs on such runs (empty within 1%)."""
+    if abs(signed) < 0.01:
+        return ""
+    return f", {100 * signed:+.1f}% on average (it reads such runs {'fast' if signed > 0 else 'slow'})"
 
 
 def attention_kernel_priced(gpu: Any, cfg: RunConfig) -> str | None:

@@ -3,7 +3,8 @@
     python -m planner.validation.bands           # print the bands from the validation sets
     python -m planner.validation.bands --write   # store them in error_bands.json (what estimates read)
 
-A band is the mean absolute error of one cell of the validation residuals, each row a fitted value is chosen on
+A band is the mean absolute error (and, beside it, the mean signed error: whether the model reads such runs too
+fast or too slow) of one cell of the validation residuals, each row a fitted value is chosen on
 scored at that value refit without the row's source (``fit.cross_validated_errors``: the error a run of an unseen
 release meets; a row alone in its fit's only source keeps its own): GPU family (A100: the papers' set;
 H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit), dense or MoE, and with or without context
@@ -31,10 +32,12 @@ class Band:
     mean_abs_error: float
     rows: int
     exact: bool  # the estimate's own cell (False: a coarser one, or none of this GPU)
+    #: the rows' mean signed error (estimated over measured, less 1): > 0 where the model reads such runs too fast
+    mean_signed_error: float = 0.0
 
     def to_dict(self) -> dict:
         return {"group": self.label, "mean_abs_error": self.mean_abs_error, "rows": self.rows,
-                "same_kind_of_run": self.exact}
+                "same_kind_of_run": self.exact, "mean_signed_error": self.mean_signed_error}
 
 
 def gpu_family(gpu_name: str) -> str | None:
@@ -79,7 +82,8 @@ def compute_bands() -> dict:
         key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), kind)
         cells.setdefault(key, []).append((row.id, left_out.get(row.id, row.error)))
     return {"bands": [{"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v],
-                       "mean_abs_error": round(statistics.mean(abs(e) for _, e in v), 4)}
+                       "mean_abs_error": round(statistics.mean(abs(e) for _, e in v), 4),
+                       "mean_signed_error": round(statistics.mean(e for _, e in v), 4)}
                       for k, v in sorted(cells.items())]}
 
 
@@ -99,7 +103,8 @@ def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False, cp_kind
             return None
         n = sum(len(c["rows"]) for c in cells)
         mean = sum(c["mean_abs_error"] * len(c["rows"]) for c in cells) / n
-        return Band(label, round(mean, 4), n, exact)
+        signed = sum(c["mean_signed_error"] * len(c["rows"]) for c in cells) / n
+        return Band(label, round(mean, 4), n, exact, round(signed, 4))
 
     modern = [b for b in bands if b["gpu"] != "A100"]
     for cells, label, exact in (
@@ -121,7 +126,7 @@ def main() -> None:
     data = compute_bands()
     for b in data["bands"]:
         print(f"{b['gpu']:12s} {b['precision']:7s} {b['kind']:14s} {len(b['rows']):2d} rows  "
-              f"mean |error| {100 * b['mean_abs_error']:.1f}%")
+              f"mean |error| {100 * b['mean_abs_error']:.1f}%, mean error {100 * b['mean_signed_error']:+.1f}%")
     if args.write:
         data["generated_by"] = "python -m planner.validation.bands --write"
         BANDS_FILE.write_text(json.dumps(data, indent=1) + "\n")
