@@ -173,6 +173,28 @@ def test_ulysses_all_to_all_time_uses_the_group_placement():
 # ---------------------------------------------------------------------------------------------------------------
 # Attention at long context
 # ---------------------------------------------------------------------------------------------------------------
+def test_ring_merges_move_what_transformer_engine_moves():
+    """Transformer Engine's ring attention (AttnFuncWithCPAndKVP2P, v2.9, bf16 sbhd) merges its steps' partial
+    results: forward the first step's output copied in (4 B per element) and each later one added over the rows it
+    covers (6 B; 3/4 of a rank's rows on average under the balanced causal split), backward dQ and dK / dV the same
+    way after one copy of K / V (4 B). Llama 3.1 8B at 8K with CP 2 on TP 1: 4,096 tokens a rank, 4,096-wide output,
+    1,024-wide K and V: forward 8.5 B x 16.8 M elements = 142.6 MB, backward 8.5 B x 25.2 M + 4 B x 8.4 M = 247.5 MB.
+    Nothing without ring CP, with Ulysses or without a fused kernel."""
+    from planner.cost.compute import ring_merge_op
+
+    cfg = RunConfig(num_gpus=8, cp=2, seq_len=8192, global_batch_size=8)
+    op = ring_merge_op(L8B, cfg)
+    out, kv = 4096 * 4096, 4096 * 2 * 1024
+    assert float(op.hbm_bytes) == pytest.approx(out * (4 + 6 * 0.75))
+    assert float(op.hbm_bytes * op.bwd_ratio) == pytest.approx((out + kv) * (4 + 6 * 0.75) + 4 * kv)
+    assert float(op.hbm_bytes) == pytest.approx(142.6e6, rel=1e-3)
+    for other in (cfg.with_(cp=1), cfg.with_(cp_kind="ulysses"), cfg.with_(flash_attention=False)):
+        assert float(ring_merge_op(L8B, other).hbm_bytes) == 0.0
+    # in the estimate: the same layout costs more with the merges than its attention core and K/V ring alone
+    ops = {o.name: o for o in layer_ops(L8B, cfg)}
+    assert "cp_ring_merge" in ops and float(ops["cp_ring_merge"].hbm_bytes) == float(op.hbm_bytes)
+
+
 def test_flash_kernel_halves_the_causal_attention_core():
     cfg = RunConfig(num_gpus=1, seq_len=32768, global_batch_size=1)
     flash = {o.name: o for o in layer_ops(L8B, cfg)}

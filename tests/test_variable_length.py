@@ -258,11 +258,12 @@ def test_dynamic_cp_with_every_document_the_full_context_is_static_cp(llama8b):
 def test_dynamic_cp_gain_over_cp16_on_a_long_tail(llama8b):
     """Llama-3.1-8B at 128K on 64 H100 with CP 16 over log-normal documents (mean 4K): short documents run without
     the ring, whose K/V transfers their small attention cannot hide. NVIDIA reports up to 1.48x for Megatron-Core's
-    dynamic CP on real data sets (NVIDIA technical blog, 2026-01-28); this setup gives 1.4-1.6x."""
+    dynamic CP on real data sets (NVIDIA technical blog, 2026-01-28); this setup gives 1.5-1.7x (1.60 since the
+    ring's per-step merges are priced, which CP 16 pays on every short document; 1.56 before, 2026-12-06)."""
     cfg = RunConfig(num_gpus=64, tp=4, cp=16, seq_len=131072, global_batch_size=32, recompute="full",
                     tp_comm_overlap=True)
     dyn = dynamic_cp(llama8b, H100, cfg, lognormal(4096, 1.5, 131072))
-    assert 1.4 < dyn.gain < 1.6
+    assert 1.5 < dyn.gain < 1.7
     assert [c.cp for c in dyn.classes] == [1, 2, 4, 8, 16]
     assert sum(c.token_share for c in dyn.classes) == pytest.approx(1.0)
     assert dyn.fits

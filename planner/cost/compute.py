@@ -47,7 +47,7 @@ class Op:
     kind: str
     flops: float | np.ndarray = 0.0
     hbm_bytes: float | np.ndarray = 0.0
-    bwd_ratio: float = GEMM_BWD_RATIO
+    bwd_ratio: float | np.ndarray = GEMM_BWD_RATIO
     weight_grad_fraction: float = 0.5
     #: the selective-recompute modules (config.RECOMPUTE_MODULES, comma-separated) any of whose recomputation
     #: redoes this op in backward (once, however many of them are on)
@@ -181,6 +181,7 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
     ops.append(Op("attention_core", "attention", flops=np.where(flash, flash_flops, 0.0),
                   bwd_ratio=FLASH_ATTN_BWD_RATIO, weight_grad_fraction=0.0, shape=shape, recompute_module="core_attn",
                   recompute_when=cfg.recompute_fused_attention))
+    ops.append(ring_merge_op(model, cfg))
     # unfused attention: two batched GEMMs per head, QK^T (s x d by d x s) and scores x V (s x s by s x d); with
     # head size d ~ 100 they are thin, so the roofline's memory side matters
     heads = cfg.micro_batch_size * model.num_heads / t
@@ -195,6 +196,37 @@ def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> 
                   bwd_ratio=1.0, weight_grad_fraction=0.0, recompute_module="core_attn"))
     ops += _linear("attn_out_proj", T, model.attn_out_dim / t, h, cfg)
     return ops
+
+
+#: HBM bytes per element of a ring-CP rank's attention output (and of its query, key and value gradients) that
+#: Transformer Engine's ring attention moves merging the steps' partial results, beyond the kernels
+#: (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, AttnFuncWithCPAndKVP2P, v2.9,
+#: bf16 sbhd): the first step's result copied in (read 2 B, write 2 B), each later step's added over the rows it
+#: covers (read the step's 2 B and the running 2 B, write 2 B)
+RING_MERGE_FIRST_BYTES = 2 + 2
+RING_MERGE_LATER_BYTES = 2 + 2 + 2
+
+
+def ring_merge_op(model: ModelSpec, cfg: Config) -> Op:
+    """Ring attention's merges of its cp steps' partial results (memory-bound; 0 without ring CP or a fused kernel),
+    as Transformer Engine runs them (:data:`RING_MERGE_FIRST_BYTES`): forward, the output rescaled by each step's
+    log-sum-exp and summed (flash_attn_fwd_out_correction_init / _out_correction); backward, dQ summed over the steps
+    on this rank and dK / dV over the steps their block passes through, after one copy of K / V into the ring's send
+    buffer (4 B per element). Later steps cover :data:`RING_ROWS_PER_LATER_STEP` of a rank's rows on average (half
+    the queries or half the keys in a balanced causal split; all of them without a causal mask). The per-head
+    log-sum-exp merges are 1 / head_dim of these bytes and left out."""
+    T = cfg.tokens_per_rank
+    steps = np.asarray(cfg.cp, dtype=float) - 1.0
+    later = np.where(model.causal, RING_ROWS_PER_LATER_STEP, 1.0) * steps
+    per_element = RING_MERGE_FIRST_BYTES + RING_MERGE_LATER_BYTES * later
+    out_elems = T * model.attn_out_dim / cfg.tp
+    dq_elems = T * model.attn_q_dim / cfg.tp
+    kv_elems = T * (model.attn_k_dim + model.attn_v_dim) / cfg.tp
+    on = (np.asarray(cfg.cp) > 1) & (np.asarray(cfg.cp_kind) == "ring") & np.asarray(cfg.flash_attention, dtype=bool)
+    fwd = out_elems * per_element
+    bwd = (dq_elems + kv_elems) * per_element + kv_elems * RING_MERGE_FIRST_BYTES
+    return Op("cp_ring_merge", "memory", hbm_bytes=np.where(on, fwd, 0.0), bwd_ratio=bwd / np.maximum(fwd, 1e-30),
+              weight_grad_fraction=0.0, recompute_module="core_attn", recompute_when=cfg.recompute_fused_attention)
 
 
 def image_keys(model: ModelSpec) -> float:
