@@ -250,3 +250,30 @@ def test_qk_norm_reads_and_writes_queries_and_keys_and_keeps_its_inputs():
     plain = replace(qwen, qk_norm="")
     extra = activation_bytes_per_layer(qwen, cfg, "none") - activation_bytes_per_layer(plain, cfg, "none")
     assert float(extra) == T * 2 * (q + kv) / t
+
+
+def test_the_device_gemm_benchmark_times_the_cost_models_gemms():
+    """benchmarks/device_gemm_shapes.py (run on a lent GPU) times a layer's GEMMs at the shapes the cost model prices:
+    its forward GEMMs hold the FLOPs of compute.layer_ops' GEMMs and the LM head's, and its prediction is the
+    profile curve the model reads (Megatron-Core weak-scaling 1.7B, TP 1, 4,096 tokens: QKV 4096 x 2048 x 6144)."""
+    import importlib.util
+    from pathlib import Path
+
+    from planner.cost.compute import head_ops, layer_ops
+    from planner.specs.config import RunConfig
+    from planner.specs.hardware import load_cluster
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device_gemm_shapes.py"
+    spec = importlib.util.spec_from_file_location("device_gemm_shapes", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = bench.load("megatron-ws-gpt-1.7b")
+    gemms = bench.layer_gemms(model, 1, 4096)
+    assert gemms[0] == ("qkv_proj", 4096, 2048, 6144)
+    cfg = RunConfig(num_gpus=1, seq_len=4096, global_batch_size=1, precision="bf16")
+    model_flops = sum(float(o.flops) for o in layer_ops(model, cfg) + head_ops(model, cfg)
+                      if o.kind == "gemm" and o.name != "attention_core_unfused")
+    assert sum(2.0 * m * k * n for _, m, k, n in gemms) == pytest.approx(model_flops)
+    assert [p[0] for p in bench.passes(4096, 2048, 6144)] == ["fwd", "dgrad", "wgrad"]
+    gpu = load_cluster("h100-80gb-sxm").gpu
+    assert float(gpu.matmul_efficiency(2.0 * 4096 * 2048 * 6144)) == pytest.approx(0.598, abs=0.001)
