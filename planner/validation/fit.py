@@ -130,14 +130,18 @@ def call_fitting_rows(profiles: tuple[str, ...], precision: str, stack: str = DE
             and r["layout"].get("per_expert_gemm_calls", True)]
 
 
+def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
+    """Every fitted value's rows, parameter and precision: :data:`TARGETS`' GEMM ratios, then :data:`CALL_TARGETS`'
+    expert GEMM issue times (the rows :func:`fit` and :func:`fit_call` fit on)."""
+    return [(fitting_rows(profile, precision), RATIO, precision) for profile, precision, _ in TARGETS] + \
+        [(call_fitting_rows(profiles, precision, stack), CALL, precision)
+         for profiles, precision, _, stack in CALL_TARGETS]
+
+
 def fitted_row_ids() -> frozenset[str]:
-    """The modern rows some fitted profile or stack value is fitted on (:data:`TARGETS`' GEMM ratios and
-    :data:`CALL_TARGETS`' expert GEMM issue times): the in-sample rows. Every other row is out of sample: no fitted
-    number was chosen to match it."""
-    ids = {r["id"] for profile, precision, _ in TARGETS for r in fitting_rows(profile, precision)}
-    ids |= {r["id"] for profiles, precision, _, stack in CALL_TARGETS
-            for r in call_fitting_rows(profiles, precision, stack)}
-    return frozenset(ids)
+    """The modern rows some fitted profile or stack value is fitted on: the in-sample rows. Every other row is out
+    of sample: no fitted number was chosen to match it."""
+    return frozenset(r["id"] for runs, _, _ in _fitted_sets() for r in runs)
 
 
 @functools.lru_cache(maxsize=1)
@@ -146,10 +150,7 @@ def cross_validated_errors() -> dict[str, float]:
     :func:`fit` and :func:`fit_call` report it): the error the model would make on that row had its release never
     been seen. Rows whose source is the only one of their fit are absent (nothing is left to refit on)."""
     out: dict[str, float] = {}
-    targets = [(fitting_rows(profile, precision), RATIO, precision) for profile, precision, _ in TARGETS]
-    targets += [(call_fitting_rows(profiles, precision, stack), CALL, precision)
-                for profiles, precision, _, stack in CALL_TARGETS]
-    for runs, param, precision in targets:
+    for runs, param, precision in _fitted_sets():
         for source, errors in _left_out(runs, source_of, param, precision).items():
             out.update(zip((r["id"] for r in runs if source_of(r) == source), errors))
     return out
