@@ -132,9 +132,11 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     assert cross_validated_errors()["MB2511-H100-Qwen3-30B-fp8"] == pytest.approx(0.536, abs=0.01)
     assert abs(ROWS["MB2511-H100-Qwen3-30B-fp8"].error) < 0.02
     moe = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=True)
-    in_sample = statistics.mean(abs(ROWS[i].error) for b in stored["bands"] if (b["gpu"], b["precision"], b["kind"])
-                                == ("H100 / H200 / H800", "fp8", "MoE") for i in b["rows"])
-    assert moe.mean_abs_error > in_sample + 0.05
+    cell = [i for b in stored["bands"] if (b["gpu"], b["precision"], b["kind"]) == ("H100 / H200 / H800", "fp8", "MoE")
+            for i in b["rows"]]
+    in_sample = statistics.mean(abs(ROWS[i].error) for i in cell)
+    left_out = statistics.mean(abs(cross_validated_errors().get(i, ROWS[i].error)) for i in cell)
+    assert moe.mean_abs_error == pytest.approx(left_out, abs=1e-3) and moe.mean_abs_error > in_sample + 0.04
     exact = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False)
     assert exact.exact and exact.rows == 9 and exact.label == "H100 / H200 / H800, fp8, dense"  # 2 H200 rows
     # the H100 fp8 dense rows with ring CP (4 of current releases, 7-17% optimistic, and NeMo 24.03's six, 29-39%)
@@ -243,7 +245,20 @@ def test_what_the_issue_time_fits_explain_and_what_they_do_not():
     err = dict(zip(new_h.rows, new_h.in_sample)) | dict(zip(old_h.rows, old_h.in_sample))
     assert abs(err["MB260401-H100-Qwen3-30B-fp8"]) < 0.03 and abs(err["MB2606-H100-Qwen3-30B-fp8"]) < 0.03
     assert abs(err["MB260201-H100-Qwen3-30B-fp8"]) < 0.03 and -0.45 < err["MB2602-H100-Qwen3-30B-fp8"] < -0.35
-    assert max(abs(e) for errs in new_h.loso.values() for e in errs) < 0.08
+    # 2026-12-06: the current containers' H100 Qwen3-235B layout (TP 2, EP 32 over 8 nodes, four local experts) runs
+    # Megatron-Core's all-to-all dispatcher, and its four archive rows are 10-20% optimistic at the value its
+    # flex-dispatcher rows (DeepEP / HybridEP) fit within 8% when their release is left out; the 26.02 container, which
+    # had no DeepEP (known issue), ran it at the 26.02.01 speed (1,633 vs 1,611 tokens/s/GPU) while the 30B layout
+    # whose recipe asks for DeepEP sped up 1.77x: on H100 the slow issue follows the dispatcher, not the release
+    from planner.validation.fit import source_of
+    left_out = {i: e for source, errs in new_h.loso.items()
+                for i, e in zip([i for i in new_h.rows if source_of(RUN_BY_ID[i]) == source], errs)}
+    flex = [i for i in new_h.rows if RUN_BY_ID[i]["layout"].get("ep_dispatcher", "alltoall") != "alltoall"]
+    assert len(flex) == 4 and max(abs(left_out[i]) for i in flex) < 0.08
+    a2a = [i for i in new_h.rows + old_h.rows if "235B" in i]
+    assert len(a2a) == 5 and all(RUN_BY_ID[i]["layout"].get("ep_dispatcher", "alltoall") == "alltoall" for i in a2a)
+    assert all(0.08 < err[i] < 0.22 for i in a2a if i in new_h.rows)
+    assert ROWS["MB2602-H100-Qwen3-235B"].measured == pytest.approx(ROWS["MB260201-H100-Qwen3-235B"].measured, rel=0.02)
 
 
 def test_fine_grained_moe_rows_after_the_expert_issue_fit():
