@@ -427,13 +427,14 @@ def _per_precision(d: Any, source: str, section: str, *, maximum: float | None, 
     return tuple(out)
 
 
-def _sm_count(g: dict, source: str) -> int:
-    """The ``gpu`` section's optional ``sm_count`` (0 where absent), refused in one line unless a non-negative
-    integer."""
-    value = g.get("sm_count", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CONFIG_INT:
-        raise PlannerError(f"must be a non-negative integer, got {value!r}", source=source, field="gpu.sm_count",
-                           fix="give the GPU's SM count (e.g. 132 for H100 SXM5) or leave the field out")
+def _int(section: dict, key: str, source: str, field: str, *, minimum: int, default: int | None = None,
+         fix: str = "") -> int:
+    """An integer field of a profile section (``default`` where absent, required where None), refused in one line
+    unless a JSON integer from ``minimum`` (0 or 1) to MAX_CONFIG_INT."""
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_CONFIG_INT:
+        raise PlannerError(f"must be {'a positive' if minimum else 'a non-negative'} integer (at most {MAX_CONFIG_INT}), got {value!r}", source=source,
+                           field=field, fix=fix)
     return value
 
 
@@ -462,19 +463,14 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
         other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),
-        sm_count=_sm_count(g, source),
+        sm_count=_int(g, "sm_count", source, "gpu.sm_count", minimum=0, default=0,
+                      fix="give the GPU's SM count (e.g. 132 for H100 SXM5) or leave the field out"),
     )
     node = data.get("node")
     if not isinstance(node, dict):
         raise PlannerError("missing or not an object", source=source, field="node", fix=_FORMAT_FIX)
-    gpn = node.get("gpus_per_node")
-    if isinstance(gpn, bool) or not isinstance(gpn, int) or not 1 <= gpn <= MAX_CONFIG_INT:
-        raise PlannerError(f"must be a positive integer (at most {MAX_CONFIG_INT}), got {gpn!r}", source=source,
-                           field="node.gpus_per_node")
-    max_gpus = data.get("max_gpus", 0)
-    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or not 0 <= max_gpus <= MAX_CONFIG_INT:
-        raise PlannerError(f"must be an integer from 0 to {MAX_CONFIG_INT}, got {max_gpus!r}", source=source,
-                           field="max_gpus")
+    gpn = _int(node, "gpus_per_node", source, "node.gpus_per_node", minimum=1)
+    max_gpus = _int(data, "max_gpus", source, "max_gpus", minimum=0, default=0)
     return Cluster(
         name=str(data.get("name", default_name)), gpu=gpu, gpus_per_node=gpn,
         intra_node=_link(node.get("intra_node"), source, "node.intra_node"),
