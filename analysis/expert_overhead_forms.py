@@ -58,8 +58,8 @@ def pass_times_additive(ops, gpu, modules=""):
         tf = compute.op_time_s(op, gpu)
         tb = compute.op_bwd_time_s(op, gpu, tf)
         kernels = kernels + tf + tb
-        if np.any(op.expert_calls) and gpu.expert_gemm_call_s:
-            extra = op.expert_calls * gpu.expert_call_s(op.precision)
+        if np.any(op.expert_calls) and (gpu.expert_gemm_call_s or gpu.expert_gemm_call_s_alltoall):
+            extra = op.expert_calls * gpu.expert_call_s(op.precision, op.expert_alltoall)
             issued = issued + (1.0 + compute.GEMM_BWD_RATIO) * extra
             tf, tb = tf + extra, tb + compute.GEMM_BWD_RATIO * extra
         fwd = fwd + tf
@@ -80,12 +80,13 @@ def refit(per_copy: bool) -> None:
     use_per_copy(per_copy)
     if per_copy:  # ns per copy: a finer grid than the per-call one
         fit.CALL = fit._Param("expert_gemm_call_s", np.arange(0.0, 100.0001, 1.0), 1e-6)
-    for profiles, precision, _carried, stack in fit.CALL_TARGETS:
-        f = fit.fit_call(profiles, precision, stack)
+        fit.CALL_ALLTOALL = fit._Param("expert_gemm_call_s_alltoall", np.arange(0.0, 100.0001, 1.0), 1e-6)
+    for profiles, precision, _carried, stack, dispatchers in fit.CALL_TARGETS:
+        f = fit.fit_call(profiles, precision, stack, dispatchers)
         loso = [e for v in f.loso.values() for e in v]
         lomo = [e for v in f.lomo.values() for e in v]
         unit = "ns per copy" if per_copy else "us per call"
-        print(f"{f.profile} {precision} ({stack}): {f.value:g} {unit}; in-sample {fit._pct(f.in_sample)}; "
+        print(f"{f.profile} {precision} ({stack}, {dispatchers}): {f.value:g} {unit}; in-sample {fit._pct(f.in_sample)}; "
               f"left-out source {fit._pct(loso) if loso else '-'}; left-out model family {fit._pct(lomo) if lomo else '-'}")
         print("   " + ", ".join(f"{r} {100 * e:+.1f}%" for r, e in zip(f.rows, f.in_sample)))
 
@@ -97,8 +98,9 @@ def whole_set() -> None:
         hopper = r["cluster"] in HOPPER and row_stack(r) in HOPPER_NS_PER_COPY
         use_per_copy(hopper)
         cluster = row_cluster(r)
-        if hopper:
-            cluster = fit._with(cluster, fit.CALL, "fp8", HOPPER_NS_PER_COPY[row_stack(r)])
+        if hopper:  # one per-copy value after every dispatcher
+            for param in (fit.CALL, fit.CALL_ALLTOALL):
+                cluster = fit._with(cluster, param, "fp8", HOPPER_NS_PER_COPY[row_stack(r)])
         errs[rid] = evaluate_modern_run(r, cluster=cluster).error
 
     def group(name, keep):

@@ -60,6 +60,9 @@ class Op:
     #: GEMMs of a grouped GEMM the host issues one call each for (a layer's local experts), per forward; its
     #: backward issues two per forward GEMM (input and weight gradient). 0: one kernel, never host-bound
     expert_calls: float | np.ndarray = 0.0
+    #: whether those calls follow Megatron-Core's all-to-all dispatcher (``RunConfig.ep_dispatcher`` "alltoall" with
+    #: EP > 1), whose issue time a profile or stack may give apart (``GPU.expert_gemm_call_s_alltoall``)
+    expert_alltoall: bool | np.ndarray = False
     #: the fused attention kernel's shape (kind "attention"), which sets its speed (:func:`attention_time_s`)
     shape: "AttentionShape | None" = None
 
@@ -300,7 +303,12 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         # (RunConfig.per_expert_gemm_calls), none that can bind where one grouped kernel runs them all
         per_expert = np.asarray(cfg.per_expert_gemm_calls, dtype=bool)
         calls = np.where(per_expert, local, 0.0)
-        ops += [_grouped(op, per_expert) for op in
+        # the dispatcher the tokens came through: Megatron-Core's all-to-all one waits on the token counts before
+        # its all-to-all and permutes outside it (megatron/core/transformer/moe/token_dispatcher.py,
+        # cuda_sync_point "before_ep_alltoall"); the flex one (DeepEP, HybridEP) fuses the permutation into its
+        # dispatch kernel and waits after it, if at all (megatron/core/transformer/moe/fused_a2a.py)
+        alltoall = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.ep_dispatcher) == "alltoall")
+        ops += [replace(_grouped(op, per_expert), expert_alltoall=alltoall) if op.kind == "gemm" else op for op in
                 _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe",
                         expert_calls=calls)
                 + _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", expert_calls=calls)]
@@ -719,9 +727,9 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
         tf = op_time_s(op, gpu)
         tb = op_bwd_time_s(op, gpu, tf)
         kernels = kernels + tf + tb
-        if np.any(op.expert_calls) and gpu.expert_gemm_call_s:
+        if np.any(op.expert_calls) and (gpu.expert_gemm_call_s or gpu.expert_gemm_call_s_alltoall):
             # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
-            issue = op.expert_calls * gpu.expert_call_s(op.precision)
+            issue = op.expert_calls * gpu.expert_call_s(op.precision, op.expert_alltoall)
             issued = issued + (1.0 + GEMM_BWD_RATIO) * issue
             tf, tb = np.maximum(tf, issue), np.maximum(tb, GEMM_BWD_RATIO * issue)
         fwd = fwd + tf

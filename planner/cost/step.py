@@ -251,8 +251,14 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     reserved = np.asarray(cfg.comm_reserved_sms)
     pt = pass_times(ops, gpu, cfg.recompute_modules).on_sm_share(compute_sm_share(gpu, reserved))
     if kind.moe:  # the batch-level overlap pairs micro-batches: one's kernels fill the other's issue gaps
+        # except after Megatron-Core's all-to-all dispatcher, which synchronizes the host with an event on the compute
+        # stream before its all-to-all (token_dispatcher.py, cuda_sync_point "before_ep_alltoall"): that drains the
+        # paired micro-batch's queued kernels, so the expert GEMMs issued after it find the GPU idle; the flex
+        # dispatcher's wait (DeepEP, HybridEP) polls a host counter its dispatch kernel writes, leaving the compute
+        # stream running
+        alltoall = np.asarray(cfg.ep_dispatcher) == "alltoall"
         fills = np.asarray(cfg.ep_comm_overlap, dtype=bool) & (np.asarray(cfg.ep) > 1) & \
-            np.asarray(cfg.moe_overlap_fills_issue_gaps, dtype=bool)
+            np.asarray(cfg.moe_overlap_fills_issue_gaps, dtype=bool) & ~alltoall
         scale = np.where(fills, pt.paired_scale(), 1.0)
         pt = replace(pt, fwd_s=pt.fwd_s * scale, bwd_input_s=pt.bwd_input_s * scale,
                      bwd_weight_s=pt.bwd_weight_s * scale)

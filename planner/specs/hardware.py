@@ -123,6 +123,11 @@ class GPU:
     #: dispatcher's host sync): the GPU waits when the expert GEMMs are shorter. Fitted per profile and precision
     #: on public MoE runs (the profile lists them); 0 where not fitted (never launch-bound)
     expert_gemm_call_s: tuple[tuple[str, float], ...] = ()
+    #: the same after Megatron-Core's all-to-all dispatcher, where fitted apart (its dropless layers wait on the
+    #: token counts before the all-to-all and permute outside it; ``compute.Op.expert_alltoall``): per GEMM precision,
+    #: fitted on the public MoE runs of that dispatcher (the profile lists them); :attr:`expert_gemm_call_s` where
+    #: not given
+    expert_gemm_call_s_alltoall: tuple[tuple[str, float], ...] = ()
     #: the fused attention kernel's speed by shape (:class:`AttentionKernel`): the one the default stack runs on this
     #: GPU; None: ``attention_efficiency`` for every shape (profiles without a kernel table)
     attention_kernel: AttentionKernel | None = None
@@ -170,9 +175,15 @@ class GPU:
         """:attr:`low_precision_gemm_efficiency` of ``precision`` (names or an array of them), 1 where none."""
         return per_precision(precision, self.low_precision_gemm_efficiency, 1.0)
 
-    def expert_call_s(self, precision):
-        """:attr:`expert_gemm_call_s` of ``precision`` (names or an array of them), 0 where none."""
-        return per_precision(precision, self.expert_gemm_call_s, 0.0)
+    def expert_call_s(self, precision, alltoall=False):
+        """:attr:`expert_gemm_call_s` of ``precision`` (names or an array of them), 0 where none; where ``alltoall``
+        (the grouped GEMM follows Megatron-Core's all-to-all dispatcher; a flag or an array of them),
+        :attr:`expert_gemm_call_s_alltoall` of the precision where the profile gives it."""
+        general = per_precision(precision, self.expert_gemm_call_s, 0.0)
+        if not self.expert_gemm_call_s_alltoall:
+            return general
+        apart = per_precision(precision, self.expert_gemm_call_s_alltoall, np.nan)
+        return np.where(np.asarray(alltoall, dtype=bool) & ~np.isnan(apart), apart, general)
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -460,6 +471,9 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source),
         expert_gemm_call_s=_per_precision(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us",
                                           maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS),
+        expert_gemm_call_s_alltoall=_per_precision(g.get("expert_gemm_call_us_alltoall"), source,
+                                                   "gpu.expert_gemm_call_us_alltoall", maximum=None, scale=US,
+                                                   precisions=("bf16",) + LOW_PRECISIONS),
         attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
         other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),

@@ -108,16 +108,26 @@ class Stack:
     #: hold the current megatron-core release's): (profile name, ((precision, seconds), ...)), from the file's
     #: ``expert_gemm_call_us`` (fitted values, with the rows they were fitted on: planner/validation/fit.py)
     expert_gemm_call_s: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    #: the same after Megatron-Core's all-to-all dispatcher (``expert_gemm_call_us_alltoall``), where the release
+    #: gives it apart
+    expert_gemm_call_s_alltoall: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
 
     def on_cluster(self, cluster: Cluster) -> Cluster:
         """``cluster`` as this stack runs on it: the profile's expert GEMM issue times, with this stack's where it
-        names the profile (a release whose host path issues expert GEMMs at another rate)."""
-        for name, values in self.expert_gemm_call_s:
-            if name == cluster.name:
-                merged = dict(cluster.gpu.expert_gemm_call_s)
-                merged.update(values)
-                return replace(cluster, gpu=replace(cluster.gpu, expert_gemm_call_s=tuple(sorted(merged.items()))))
-        return cluster
+        names the profile (a release whose host path issues expert GEMMs at another rate). A precision the stack
+        gives one issue time for takes it after every dispatcher, unless the stack also gives the all-to-all
+        dispatcher's apart."""
+        general = dict(self.expert_gemm_call_s).get(cluster.name, ())
+        apart = dict(self.expert_gemm_call_s_alltoall).get(cluster.name, ())
+        if not general and not apart:
+            return cluster
+        calls, alltoall = dict(cluster.gpu.expert_gemm_call_s), dict(cluster.gpu.expert_gemm_call_s_alltoall)
+        calls.update(general)
+        for precision, _ in general:
+            alltoall.pop(precision, None)
+        alltoall.update(apart)
+        return replace(cluster, gpu=replace(cluster.gpu, expert_gemm_call_s=tuple(sorted(calls.items())),
+                                            expert_gemm_call_s_alltoall=tuple(sorted(alltoall.items()))))
 
     def fixed_options(self) -> dict[str, Any]:
         """The options of ``config.FIXED_FIELDS`` this stack decides (a search holds them in every row):
@@ -200,6 +210,17 @@ def _list(d: dict, key: str, allowed: tuple | None, source: str, kind: type = st
     return tuple(v)
 
 
+def _issue_times(data: dict, key: str, source: str) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """A stack file's expert GEMM issue times by profile (``expert_gemm_call_us`` or its all-to-all dispatcher's
+    ``expert_gemm_call_us_alltoall``): {profile: {precision: {"value": microseconds}}}, in seconds."""
+    calls = data.get(key, {})
+    if not isinstance(calls, dict) or not all(isinstance(v, dict) for v in calls.values()):
+        raise PlannerError("must be an object of {profile: {precision: {\"value\": microseconds}}}", source=source,
+                           field=key)
+    return tuple((str(name), _per_precision(v, source, f"{key}.{name}", maximum=None, scale=US,
+                                            precisions=("bf16",) + LOW_PRECISIONS)) for name, v in calls.items())
+
+
 def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     """A stack from its JSON. Names that belong to later layers (schedules, the launcher) are checked where they
     are used (``planner.export.stack_spaces``), so that specs depend on nothing above them."""
@@ -235,12 +256,8 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     if dispatcher not in dispatchers:
         raise PlannerError(f"the stack's options.ep_dispatcher {dispatcher!r} is not among its runs.ep_dispatchers",
                            source=source, field="runs.ep_dispatchers", fix=f"add {dispatcher!r} to the list")
-    calls = data.get("expert_gemm_call_us", {})
-    if not isinstance(calls, dict) or not all(isinstance(v, dict) for v in calls.values()):
-        raise PlannerError("must be an object of {profile: {precision: {\"value\": microseconds}}}", source=source,
-                           field="expert_gemm_call_us")
-    call_s = tuple((str(name), _per_precision(v, source, f"expert_gemm_call_us.{name}", maximum=None, scale=US,
-                                              precisions=("bf16",) + LOW_PRECISIONS)) for name, v in calls.items())
+    call_s, call_s_alltoall = (_issue_times(data, key, source)
+                               for key in ("expert_gemm_call_us", "expert_gemm_call_us_alltoall"))
     tpo_choices = _list(runs, "tp_comm_overlap", (True, False), source, bool)
     tpo = _bool(opts, "tp_comm_overlap", source, "options")
     if tpo and True not in tpo_choices:
@@ -269,4 +286,5 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         activation_fp8_input_store_runs=_bool(runs, "activation_fp8_input_store", source, "runs", default=False),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
-        ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, ep_dispatcher_choices=dispatchers)
+        ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, expert_gemm_call_s_alltoall=call_s_alltoall,
+        ep_dispatcher_choices=dispatchers)

@@ -36,17 +36,24 @@ TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
 GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 
 #: expert GEMM issue time (``GPU.expert_gemm_call_s``): (profiles fitted together, precision, profiles that carry
-#: the value unfitted, stack). The Blackwell pair shares one value: the same Megatron-Core / Transformer Engine path
-#: issues the expert GEMMs on either host; H800 does not carry H100's value: its one MoE row runs DeepSeek's own
-#: HAI-LLM, not that path; bf16 is not fitted: its only MoE rows that the value moves are GPT-OSS's, whose gap has
-#: causes the model lacks (attention sinks, biased experts, the clamped activation; README). Each stack release is
-#: fitted on the rows that ran it: megatron-core's values (the current release, in the hardware profiles) on the rows
-#: of the other containers, megatron-core-25.11's (in its stack file) on the NeMo 25.11 and 26.02 rows, whose dropless
-#: path issued expert GEMMs more slowly (stacks/megatron-core-25.11.json says how that was established)
-CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", (), DEFAULT_STACK),
-                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK),
-                (("b200-180gb", "gb200-nvl72"), "mxfp8", (), "megatron-core-25.11"),
-                (("h100-80gb-sxm",), "fp8", (), "megatron-core-25.11"))
+#: the value unfitted, stack, rows by dispatcher). The Blackwell pair shares one value: the same Megatron-Core /
+#: Transformer Engine path issues the expert GEMMs on either host; H800 does not carry H100's value: its one MoE row
+#: runs DeepSeek's own HAI-LLM, not that path; bf16 is not fitted: its only MoE rows that the value moves are
+#: GPT-OSS's, whose gap has causes the model lacks (attention sinks, biased experts, the clamped activation; README).
+#: Each stack release is fitted on the rows that ran it: megatron-core's values (the current release, in the hardware
+#: profiles) on the rows of the other containers, megatron-core-25.11's (in its stack file) on the NeMo 25.11 and
+#: 26.02 rows, whose dropless path issued expert GEMMs more slowly (stacks/megatron-core-25.11.json says how that was
+#: established). The current release's rows split by dispatcher (:data:`ALLTOALL`: Megatron-Core's all-to-all
+#: dispatcher, ``GPU.expert_gemm_call_s_alltoall``; :data:`OTHERS`: the flex dispatcher's DeepEP and HybridEP, and
+#: rows without expert parallelism): the same containers ran the all-to-all layouts no faster in 26.02.01-26.04.01
+#: than in 26.02 while the flex layouts sped up (README, "On H100 the slow issue follows the dispatcher")
+ALLTOALL, OTHERS, EVERY = "alltoall", "others", "every"
+CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", (), DEFAULT_STACK, OTHERS),
+                (("b200-180gb", "gb200-nvl72"), "mxfp8", (), DEFAULT_STACK, ALLTOALL),
+                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK, OTHERS),
+                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK, ALLTOALL),
+                (("b200-180gb", "gb200-nvl72"), "mxfp8", (), "megatron-core-25.11", EVERY),
+                (("h100-80gb-sxm",), "fp8", (), "megatron-core-25.11", EVERY))
 #: issue times tried, microseconds per expert GEMM
 CALL_GRID_US = np.arange(0.0, 400.0001, 5.0)
 
@@ -63,6 +70,8 @@ class Fit:
     lomo: dict[str, tuple[float, ...]] = field(default_factory=dict)
     #: the stack whose rows the value was fitted on (expert-call fits; the default stack's values live in the profiles)
     stack: str = DEFAULT_STACK
+    #: which dispatcher's rows (expert-call fits: :data:`ALLTOALL`, :data:`OTHERS` or :data:`EVERY`)
+    dispatchers: str = EVERY
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,12 @@ class _Param:
 
 RATIO = _Param("low_precision_gemm_efficiency", GRID)
 CALL = _Param("expert_gemm_call_s", CALL_GRID_US, 1e-6)
+CALL_ALLTOALL = _Param("expert_gemm_call_s_alltoall", CALL_GRID_US, 1e-6)
+
+
+def call_param(dispatchers: str) -> _Param:
+    """The GPU field a :data:`CALL_TARGETS` entry fits: the all-to-all dispatcher's own issue time, or the general one."""
+    return CALL_ALLTOALL if dispatchers == ALLTOALL else CALL
 
 
 def _with(cluster, param: _Param, precision: str, value: float):
@@ -122,20 +137,29 @@ def fitting_rows(profile: str, precision: str) -> list[dict]:
             and not _is_moe(r) and not r.get("held_out") and r["layout"].get("cp", 1) == 1]
 
 
-def call_fitting_rows(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STACK) -> list[dict]:
+def runs_alltoall(run: dict) -> bool:
+    """Whether a row's expert GEMMs follow Megatron-Core's all-to-all dispatcher (EP > 1, the layout's
+    ``ep_dispatcher`` "alltoall" or unset), as ``compute.ffn_ops`` marks them."""
+    return run["layout"].get("ep", 1) > 1 and run["layout"].get("ep_dispatcher", "alltoall") == "alltoall"
+
+
+def call_fitting_rows(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STACK,
+                      dispatchers: str = EVERY) -> list[dict]:
     """The MoE rows of these GPUs and precision that ran ``stack`` (the rows its expert GEMM issue time is fitted
-    on), held-out rows and rows whose stack runs one grouped kernel (``per_expert_gemm_calls`` false) aside."""
+    on), those of the all-to-all dispatcher only or of the others only where ``dispatchers`` says so, held-out rows
+    and rows whose stack runs one grouped kernel (``per_expert_gemm_calls`` false) aside."""
     return [r for r in load_modern_runs() if r["cluster"] in profiles and r["layout"]["precision"] == precision
             and _is_moe(r) and not r.get("held_out") and row_stack(r) == stack
-            and r["layout"].get("per_expert_gemm_calls", True)]
+            and r["layout"].get("per_expert_gemm_calls", True)
+            and (dispatchers == EVERY or runs_alltoall(r) == (dispatchers == ALLTOALL))]
 
 
 def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
     """Every fitted value's rows, parameter and precision: :data:`TARGETS`' GEMM ratios, then :data:`CALL_TARGETS`'
     expert GEMM issue times (the rows :func:`fit` and :func:`fit_call` fit on)."""
     return [(fitting_rows(profile, precision), RATIO, precision) for profile, precision, _ in TARGETS] + \
-        [(call_fitting_rows(profiles, precision, stack), CALL, precision)
-         for profiles, precision, _, stack in CALL_TARGETS]
+        [(call_fitting_rows(profiles, precision, stack, dispatchers), call_param(dispatchers), precision)
+         for profiles, precision, _, stack, dispatchers in CALL_TARGETS]
 
 
 def fitted_row_ids() -> frozenset[str]:
@@ -173,14 +197,16 @@ def fit(profile: str, precision: str) -> Fit:
                _left_out(runs, source_of, RATIO, precision))
 
 
-def fit_call(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STACK) -> Fit:
-    """The expert GEMM issue time (microseconds) of these profiles and precision under ``stack``, with leave-one-
-    source-out and leave-one-model-family-out errors (each left-out group scored at the value refit on the rest)."""
-    runs = call_fitting_rows(profiles, precision, stack)
-    value = _best(runs, CALL, precision)
+def fit_call(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STACK, dispatchers: str = EVERY) -> Fit:
+    """The expert GEMM issue time (microseconds) of these profiles and precision under ``stack`` (after the
+    ``dispatchers`` its rows ran), with leave-one-source-out and leave-one-model-family-out errors (each left-out
+    group scored at the value refit on the rest)."""
+    runs = call_fitting_rows(profiles, precision, stack, dispatchers)
+    param = call_param(dispatchers)
+    value = _best(runs, param, precision)
     return Fit("+".join(profiles), precision, value, tuple(r["id"] for r in runs),
-               tuple(_errors(runs, CALL, precision, value)), _left_out(runs, source_of, CALL, precision),
-               _left_out(runs, family_of, CALL, precision), stack)
+               tuple(_errors(runs, param, precision, value)), _left_out(runs, source_of, param, precision),
+               _left_out(runs, family_of, param, precision), stack, dispatchers)
 
 
 def _pct(errors) -> str:
@@ -207,7 +233,8 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
     entry = {"value": f.value, "fitted_on": list(f.rows),
              "method": "planner/validation/fit.py: grid over [0, 400] us step 5, least mean |error| of tokens/s per "
                        "GPU on these rows (the MoE rows of " + ", ".join(f.profile.split("+")) + " in this precision that ran "
-                       f"stack {f.stack}, all with Megatron-Core and Transformer Engine's grouped GEMM)",
+                       f"stack {f.stack}{_DISPATCHER_WORDS[f.dispatchers]}, all with Megatron-Core and Transformer "
+                       "Engine's grouped GEMM)",
              "in_sample": _pct(f.in_sample),
              "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
              "leave_one_model_family_out": _pct(lomo_all) if lomo_all else "one model family only: no left-out check"}
@@ -218,7 +245,13 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
 
         _update_json(stacks_dir() / f"{f.stack}.json", put)
         return
-    _store(f, carried_to, "expert_gemm_call_us", entry, "host software path (Megatron-Core, Transformer Engine)")
+    _store(f, carried_to, "expert_gemm_call_us_alltoall" if f.dispatchers == ALLTOALL else "expert_gemm_call_us", entry,
+           "host software path (Megatron-Core, Transformer Engine)")
+
+
+#: how a fit's method names the dispatcher its rows ran
+_DISPATCHER_WORDS = {EVERY: "", ALLTOALL: " with Megatron-Core's all-to-all dispatcher",
+                     OTHERS: " with another dispatcher (DeepEP, HybridEP) or without expert parallelism"}
 
 
 def _update_json(path: Path, change) -> None:
@@ -257,10 +290,11 @@ def main() -> None:
             print(f"  left out {src}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
         if args.write:
             write(f, carried)
-    for profiles, precision, carried, stack in CALL_TARGETS:
-        f = fit_call(profiles, precision, stack)
-        print(f"{f.profile} {precision} ({stack}): expert GEMM issue time {f.value:.0f} us on {len(f.rows)} rows "
-              f"({', '.join(f.rows)})")
+    for profiles, precision, carried, stack, dispatchers in CALL_TARGETS:
+        f = fit_call(profiles, precision, stack, dispatchers)
+        which = "" if dispatchers == EVERY else f", {dispatchers} dispatchers"
+        print(f"{f.profile} {precision} ({stack}{which}): expert GEMM issue time {f.value:.0f} us on {len(f.rows)} "
+              f"rows ({', '.join(f.rows)})")
         print(f"  in-sample: {_pct(f.in_sample)}")
         for kind, groups in (("source", f.loso), ("model family", f.lomo)):
             for key, errs in groups.items():
