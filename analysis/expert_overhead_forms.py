@@ -86,7 +86,8 @@ def refit(per_copy: bool) -> None:
         loso = [e for v in f.loso.values() for e in v]
         lomo = [e for v in f.lomo.values() for e in v]
         unit = "ns per copy" if per_copy else "us per call"
-        print(f"{f.profile} {precision} ({stack}, {dispatchers}): {f.value:g} {unit}; in-sample {fit._pct(f.in_sample)}; "
+        print(f"{f.profile} {precision} ({stack}, {dispatchers}): {f.value:g} {unit}; "
+              f"in-sample {fit._pct(f.in_sample)}; "
               f"left-out source {fit._pct(loso) if loso else '-'}; left-out model family {fit._pct(lomo) if lomo else '-'}")
         print("   " + ", ".join(f"{r} {100 * e:+.1f}%" for r, e in zip(f.rows, f.in_sample)))
 

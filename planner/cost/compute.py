@@ -126,6 +126,15 @@ def sp_degree(cfg: Config):
     return np.where(cfg.sequence_parallel, cfg.tp, 1)
 
 
+def alltoall_dispatch(cfg: Config):
+    """Where a configuration's MoE tokens go through Megatron-Core's all-to-all dispatcher (EP > 1, ``ep_dispatcher``
+    "alltoall"), whose host sync on the compute stream before the all-to-all (megatron/core/transformer/moe/
+    token_dispatcher.py, cuda_sync_point "before_ep_alltoall") sets how the expert GEMMs after it issue
+    (:func:`ffn_ops`, ``Op.expert_alltoall``) and keeps the MoE overlap's paired micro-batch from filling their gaps
+    (``step.layer_costs``); the flex dispatcher (DeepEP, HybridEP) waits on a host counter instead."""
+    return (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.ep_dispatcher) == "alltoall")
+
+
 def expert_tp_token_share(cfg: Config):
     """Tokens an expert-TP group gathers per token a TP rank holds (Megatron-Core MoE, all-gather after dispatch):
     the etp ranks' sequence shards, etp / tp, with SP; 1 without SP, where the TP ranks hold the same tokens."""
@@ -303,11 +312,8 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         # (RunConfig.per_expert_gemm_calls), none that can bind where one grouped kernel runs them all
         per_expert = np.asarray(cfg.per_expert_gemm_calls, dtype=bool)
         calls = np.where(per_expert, local, 0.0)
-        # the dispatcher the tokens came through: Megatron-Core's all-to-all one waits on the token counts before
-        # its all-to-all and permutes outside it (megatron/core/transformer/moe/token_dispatcher.py,
-        # cuda_sync_point "before_ep_alltoall"); the flex one (DeepEP, HybridEP) fuses the permutation into its
-        # dispatch kernel and waits after it, if at all (megatron/core/transformer/moe/fused_a2a.py)
-        alltoall = (np.asarray(cfg.ep) > 1) & (np.asarray(cfg.ep_dispatcher) == "alltoall")
+        # the dispatcher the tokens came through (:func:`alltoall_dispatch`) sets the calls' issue time
+        alltoall = alltoall_dispatch(cfg)
         ops += [replace(_grouped(op, per_expert), expert_alltoall=alltoall) if op.kind == "gemm" else op for op in
                 _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe",
                         expert_calls=calls)

@@ -13,9 +13,10 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm
-from planner.cost.compute import (ACT_BYTES, Config, attended_keys, attention_core_s, compute_sm_share, embedding_ops,
-                                  image_keys, vision_config, vision_projector_ops, head_ops, layer_ops,
-                                  model_flops_per_step, mtp_projection_ops, pass_times, recomputed, tp_overlap_windows)
+from planner.cost.compute import (ACT_BYTES, Config, alltoall_dispatch, attended_keys, attention_core_s,
+                                  compute_sm_share, embedding_ops, image_keys, vision_config, vision_projector_ops,
+                                  head_ops, layer_ops, model_flops_per_step, mtp_projection_ops, pass_times, recomputed,
+                                  tp_overlap_windows)
 from planner.cost.context_parallel import NO_CP, cp_layer_cost, mamba_cp_cost
 from planner.cost.data_parallel import (ADAM_BYTES_PER_PARAM, dp_collectives, dp_exposed_s, dp_groups, hsdp_groups,
                                         expert_shard_degree, exposed_s, gathered_linear_weight_bytes,
@@ -251,14 +252,12 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
     reserved = np.asarray(cfg.comm_reserved_sms)
     pt = pass_times(ops, gpu, cfg.recompute_modules).on_sm_share(compute_sm_share(gpu, reserved))
     if kind.moe:  # the batch-level overlap pairs micro-batches: one's kernels fill the other's issue gaps
-        # except after Megatron-Core's all-to-all dispatcher, which synchronizes the host with an event on the compute
-        # stream before its all-to-all (token_dispatcher.py, cuda_sync_point "before_ep_alltoall"): that drains the
-        # paired micro-batch's queued kernels, so the expert GEMMs issued after it find the GPU idle; the flex
-        # dispatcher's wait (DeepEP, HybridEP) polls a host counter its dispatch kernel writes, leaving the compute
-        # stream running
-        alltoall = np.asarray(cfg.ep_dispatcher) == "alltoall"
+        # except after Megatron-Core's all-to-all dispatcher (compute.alltoall_dispatch), whose host sync on the
+        # compute stream drains the paired micro-batch's queued kernels, so the expert GEMMs issued after it find the
+        # GPU idle; the flex dispatcher's wait (DeepEP, HybridEP) polls a host counter its dispatch kernel writes,
+        # leaving the compute stream running
         fills = np.asarray(cfg.ep_comm_overlap, dtype=bool) & (np.asarray(cfg.ep) > 1) & \
-            np.asarray(cfg.moe_overlap_fills_issue_gaps, dtype=bool) & ~alltoall
+            np.asarray(cfg.moe_overlap_fills_issue_gaps, dtype=bool) & ~alltoall_dispatch(cfg)
         scale = np.where(fills, pt.paired_scale(), 1.0)
         pt = replace(pt, fwd_s=pt.fwd_s * scale, bwd_input_s=pt.bwd_input_s * scale,
                      bwd_weight_s=pt.bwd_weight_s * scale)

@@ -444,7 +444,8 @@ def _int(section: dict, key: str, source: str, field: str, *, minimum: int, defa
     unless a JSON integer from ``minimum`` (0 or 1) to MAX_CONFIG_INT."""
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_CONFIG_INT:
-        raise PlannerError(f"must be {'a positive' if minimum else 'a non-negative'} integer (at most {MAX_CONFIG_INT}), got {value!r}", source=source,
+        kind = "a positive" if minimum else "a non-negative"
+        raise PlannerError(f"must be {kind} integer (at most {MAX_CONFIG_INT}), got {value!r}", source=source,
                            field=field, fix=fix)
     return value
 

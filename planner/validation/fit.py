@@ -89,7 +89,8 @@ CALL_ALLTOALL = _Param("expert_gemm_call_s_alltoall", CALL_GRID_US, 1e-6)
 
 
 def call_param(dispatchers: str) -> _Param:
-    """The GPU field a :data:`CALL_TARGETS` entry fits: the all-to-all dispatcher's own issue time, or the general one."""
+    """The GPU field a :data:`CALL_TARGETS` entry fits: the all-to-all dispatcher's own issue time, or the general
+    one."""
     return CALL_ALLTOALL if dispatchers == ALLTOALL else CALL
 
 
