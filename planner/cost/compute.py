@@ -97,7 +97,8 @@ def _gemm(name: str, m, k, n, batch=1.0, **kw) -> Op:
 FP8_CAST_BYTES_PER_ELEMENT = 2 + 1 + 1
 
 
-def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "", expert_calls=0.0) -> list[Op]:
+def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "", expert_calls=0.0,
+            expert_alltoall=False) -> list[Op]:
     """A linear layer's GEMM (m x k input by k x n weight) at the configuration's GEMM precision, and, in fp8 /
     mxfp8, the quantization of its operands: the input in forward, the output gradient in backward (the weights
     are cast once per step and cached across micro-batches, Megatron's ``is_first_microbatch``, so not here)."""
@@ -106,7 +107,7 @@ def _linear(name: str, m, k, n, cfg: "Config", batch=1.0, module: str = "", expe
     cast = Op(f"{name}_fp8_cast", "memory", hbm_bytes=np.where(low, FP8_CAST_BYTES_PER_ELEMENT * m * k * batch, 0.0),
               bwd_ratio=n / k, weight_grad_fraction=0.0, recompute_module=module)
     return [_gemm(name, m, k, n, batch, precision=cfg.precision, recompute_module=module,
-                  expert_calls=expert_calls), cast]
+                  expert_calls=expert_calls, expert_alltoall=expert_alltoall), cast]
 
 
 def _grouped(op: Op, per_expert_calls) -> Op:
@@ -313,11 +314,10 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         per_expert = np.asarray(cfg.per_expert_gemm_calls, dtype=bool)
         calls = np.where(per_expert, local, 0.0)
         # the dispatcher the tokens came through (:func:`alltoall_dispatch`) sets the calls' issue time
-        alltoall = alltoall_dispatch(cfg)
-        ops += [replace(_grouped(op, per_expert), expert_alltoall=alltoall) if op.kind == "gemm" else op for op in
-                _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe",
-                        expert_calls=calls)
-                + _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", expert_calls=calls)]
+        issue = dict(expert_calls=calls, expert_alltoall=alltoall_dispatch(cfg))
+        ops += [_grouped(op, per_expert) for op in
+                _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe", **issue)
+                + _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", **issue)]
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
             ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg, module="moe")

@@ -421,6 +421,12 @@ def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
     return _per_precision(d, source, "gpu.low_precision_gemm_efficiency", maximum=1.0)
 
 
+def expert_call_times(d: Any, source: str, section: str) -> tuple[tuple[str, float], ...]:
+    """An expert GEMM issue-time section (``expert_gemm_call_us``, ``expert_gemm_call_us_alltoall``, in a profile's
+    ``gpu`` or a stack file by profile): {precision: {"value": microseconds, ...provenance}}, in seconds."""
+    return _per_precision(d, source, section, maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS)
+
+
 def _per_precision(d: Any, source: str, section: str, *, maximum: float | None, scale: float = 1.0,
                    precisions: tuple[str, ...] = LOW_PRECISIONS) -> tuple[tuple[str, float], ...]:
     """A fitted per-precision section: {precision: {"value": number, ...provenance}}."""
@@ -470,11 +476,9 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         peak_flops_low_precision=tuple((name, _num(g, f"peak_{name}_tflops", source, "gpu") * TFLOPS)
                                        for name in LOW_PRECISIONS if f"peak_{name}_tflops" in g),
         low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source),
-        expert_gemm_call_s=_per_precision(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us",
-                                          maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS),
-        expert_gemm_call_s_alltoall=_per_precision(g.get("expert_gemm_call_us_alltoall"), source,
-                                                   "gpu.expert_gemm_call_us_alltoall", maximum=None, scale=US,
-                                                   precisions=("bf16",) + LOW_PRECISIONS),
+        expert_gemm_call_s=expert_call_times(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us"),
+        expert_gemm_call_s_alltoall=expert_call_times(g.get("expert_gemm_call_us_alltoall"), source,
+                                                      "gpu.expert_gemm_call_us_alltoall"),
         attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
         other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),

@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.specs.config import ADAM_MOMENT_DTYPES, CP_KINDS, EP_DISPATCHERS, ZERO_STAGES, RunConfig
-from planner.specs.hardware import ATTENTION_KERNELS, LOW_PRECISIONS, US, Cluster, _per_precision
+from planner.specs.hardware import ATTENTION_KERNELS, Cluster, expert_call_times
 from planner.specs.model import _data_dir, _resolve, read_json_file
 
 #: the stack a command uses when none is given: what NeMo and Megatron-Bridge recipes run
@@ -217,8 +217,7 @@ def _issue_times(data: dict, key: str, source: str) -> tuple[tuple[str, tuple[tu
     if not isinstance(calls, dict) or not all(isinstance(v, dict) for v in calls.values()):
         raise PlannerError("must be an object of {profile: {precision: {\"value\": microseconds}}}", source=source,
                            field=key)
-    return tuple((str(name), _per_precision(v, source, f"{key}.{name}", maximum=None, scale=US,
-                                            precisions=("bf16",) + LOW_PRECISIONS)) for name, v in calls.items())
+    return tuple((str(name), expert_call_times(v, source, f"{key}.{name}")) for name, v in calls.items())
 
 
 def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.cost.compute import alltoall_dispatch
 from planner.specs.hardware import hardware_profiles_dir
 from planner.specs.stack import DEFAULT_STACK, stacks_dir
-from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_cluster, row_stack
+from planner.validation.compare import evaluate_modern_run, load_modern_runs, modern_config, row_cluster, row_stack
 
 #: (profile fitted, precision, profiles of the same die that carry the value unfitted)
 TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
@@ -139,9 +140,9 @@ def fitting_rows(profile: str, precision: str) -> list[dict]:
 
 
 def runs_alltoall(run: dict) -> bool:
-    """Whether a row's expert GEMMs follow Megatron-Core's all-to-all dispatcher (EP > 1, the layout's
-    ``ep_dispatcher`` "alltoall" or unset), as ``compute.ffn_ops`` marks them."""
-    return run["layout"].get("ep", 1) > 1 and run["layout"].get("ep_dispatcher", "alltoall") == "alltoall"
+    """Whether a row's expert GEMMs follow Megatron-Core's all-to-all dispatcher, as the cost model marks them
+    (``compute.alltoall_dispatch`` of its layout)."""
+    return bool(alltoall_dispatch(modern_config(run)))
 
 
 def call_fitting_rows(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STACK,
