@@ -107,15 +107,17 @@ def test_the_fitted_profile_values_are_what_the_fit_computes(profile, precision)
 
 def test_fp8_group_after_the_fit():
     """Dense fp8 rows: those without context parallelism (the GEMM ratios' fitting rows and their B200 / GB200
-    checks) within 7%; with ring CP, the H100 rows' own residual (+7% to +17%, 2026-12-05), which no fitted number
+    checks) within 4% on average and 12% at most (the worst, Megatron-Bridge 26.02's GB200 Llama 3 70B mxfp8 at
+    +11%: that container ran each dense recipe 3-8% slower than 26.02.01 did, 2026-12-06, which one number per GPU
+    and precision cannot follow); with ring CP, the H100 rows' own residual (+6% to +16%), which no fitted number
     absorbs, and NeMo 25.04's B200 long-context rows (+9% at 32K to +17% at 1M tokens, attention from the table
     fitted on cuDNN 9.10's published speeds), below 20%."""
     dense = [r for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups and "MoE" not in r.groups
              and not RUN_BY_ID[r.id].get("held_out")]
     plain = [abs(r.error) for r in dense if "context parallel" not in r.groups]
     ring = [abs(r.error) for r in dense if "context parallel" in r.groups]
-    assert sum(plain) / len(plain) < 0.04 and max(plain) < 0.07
-    assert len(ring) == 12 and max(ring) < 0.20
+    assert sum(plain) / len(plain) < 0.04 and max(plain) < 0.12
+    assert len(ring) == 14 and max(ring) < 0.20
 
 
 def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
@@ -138,11 +140,11 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     left_out = statistics.mean(abs(cross_validated_errors().get(i, ROWS[i].error)) for i in cell)
     assert moe.mean_abs_error == pytest.approx(left_out, abs=1e-3) and moe.mean_abs_error > in_sample + 0.04
     exact = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False)
-    assert exact.exact and exact.rows == 9 and exact.label == "H100 / H200 / H800, fp8, dense"  # 2 H200 rows
-    # the H100 fp8 dense rows with ring CP (4 of current releases, 7-17% optimistic, and NeMo 24.03's six, 29-39%)
+    assert exact.exact and exact.rows == 13 and exact.label == "H100 / H200 / H800, fp8, dense"  # 2 H200 rows
+    # the H100 fp8 dense rows with ring CP (6 of current releases, 6-16% optimistic, and NeMo 24.03's six, 26-37%)
     # have their own, wider band
     with_cp = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False, cp=True)
-    assert with_cp.exact and with_cp.rows == 10 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
+    assert with_cp.exact and with_cp.rows == 12 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
     # one bf16 CP row on H100 (NeMo AutoModel's Llama 3.1 70B, FSDP2 with CP 2) is its cell; none with MoE and
     # CP: the family and precision's pooled band
     assert band_for("NVIDIA H100 80GB SXM5", "bf16", moe=False, cp=True).rows == 1
@@ -248,10 +250,13 @@ def test_what_the_issue_time_fits_explain_and_what_they_do_not():
     assert max(abs(e) for groups in (new_bw.loso, new_bw.lomo) for errs in groups.values() for e in errs) < 0.14
     new_h = fit_call(("h100-80gb-sxm",), "fp8", dispatchers=OTHERS)
     old_h = fit_call(("h100-80gb-sxm",), "fp8", "megatron-core-25.11")
-    assert (new_h.value, old_h.value) == (90, 250)
+    # 95 us since the H100 fp8 GEMM ratio took Megatron-Bridge 26.02-26.04.01's Llama 3 70B rows (0.925 -> 0.935,
+    # 2026-12-06): the expert GEMMs themselves run a little faster, the host's issue takes the difference
+    assert (new_h.value, old_h.value) == (95, 250)
     err = dict(zip(new_h.rows, new_h.in_sample)) | dict(zip(old_h.rows, old_h.in_sample))
     assert abs(err["MB260401-H100-Qwen3-30B-fp8"]) < 0.03 and abs(err["MB2606-H100-Qwen3-30B-fp8"]) < 0.03
-    assert abs(err["MB260201-H100-Qwen3-30B-fp8"]) < 0.03 and -0.45 < err["MB2602-H100-Qwen3-30B-fp8"] < -0.35
+    # the 26.02.01 row, PP 2 with the overlap at micro-batch 1, -2% at 90 us and -7% at 95 us
+    assert abs(err["MB260201-H100-Qwen3-30B-fp8"]) < 0.075 and -0.45 < err["MB2602-H100-Qwen3-30B-fp8"] < -0.35
     left_out = {i: e for source, errs in new_h.loso.items()
                 for i, e in zip([i for i in new_h.rows if source_of(RUN_BY_ID[i]) == source], errs)}
     assert len(new_h.rows) == 5 and max(abs(e) for e in left_out.values()) < 0.08
