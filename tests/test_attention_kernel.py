@@ -86,7 +86,9 @@ def test_profiles_hold_the_fit():
               for label, name in (("FlashAttention-3", "flash-attention-3"), ("FlashAttention-2", "flash-attention-2"))}
     for name in ("h100-80gb-sxm", "h200-141gb-sxm", "h800-80gb-sxm"):
         gpu = load_cluster(name).gpu
-        assert gpu.attention_kernel_names() == ("cudnn", "flash-attention-3", "flash-attention-2")
+        # H100 also lists cuDNN 9.0, FlashAttention-2's table at a rate fitted on training runs (planner.validation.fit)
+        derived = ("cudnn-9.0",) if name == "h100-80gb-sxm" else ()
+        assert gpu.attention_kernel_names() == ("cudnn", "flash-attention-3", "flash-attention-2") + derived
         for k, want in [(gpu.attention_kernel, f.kernel)] + [(gpu.attention_table(n), w) for n, w in others.items()]:
             assert k.name == want.name
             assert k.fwd_row_overhead_tiles == want.fwd_row_overhead_tiles
@@ -351,3 +353,71 @@ def test_h100_table_against_cudnn_9_19_on_h200():
     window = [r for r in _rows() if r["profile"] == "h200-141gb-sxm" and r.get("window")]  # and the windowed checks
     every = np.concatenate([errors] + [attention_fit.row_errors(k, r) for r in window])
     assert stored["independent_check_error"] == attention_fit._pct(every)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A kernel release derived from a table (cuDNN 9.0 on H100)
+# ---------------------------------------------------------------------------------------------------------------
+def test_a_derived_kernel_release_is_its_base_table_at_its_rate():
+    """``scaled_from`` entries (hardware.derived_attention_kernel): H100's cuDNN 9.0 walks FlashAttention-2's tiles
+    (the same row and masked-tile costs) at the fitted rate ratio, so any shape's attention time is FA2's over the
+    ratio; it is selectable by name from the CLI and priced as itself."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    data = json.loads((hardware_profiles_dir() / "h100-80gb-sxm.json").read_text())
+    [entry] = [k for k in data["gpu"]["other_attention_kernels"] if k["kernel"] == "cudnn-9.0"]
+    ratio = entry["rate_ratio"]["value"]
+    assert entry["scaled_from"] == "flash-attention-2" and 1.0 < ratio < 1.5
+    gpu = load_cluster("h100-80gb-sxm").gpu
+    old, fa2 = gpu.attention_table("cudnn-9.0"), gpu.attention_table("flash-attention-2")
+    assert old.name == "cudnn-9.0" and old.fwd_row_overhead_tiles == fa2.fwd_row_overhead_tiles
+    assert old.masked_tile_extra == fa2.masked_tile_extra and old.causal_plateau_ratio == fa2.causal_plateau_ratio
+    np.testing.assert_allclose(old.bwd_plateau_flops, np.asarray(fa2.bwd_plateau_flops) * ratio)
+    model = load_model("llama-3.1-8b")
+    for s, cp in ((4096, 1), (131072, 4)):
+        times = {}
+        for name in ("cudnn-9.0", "flash-attention-2"):
+            cfg = RunConfig(num_gpus=8, cp=cp, global_batch_size=1, micro_batch_size=1, seq_len=s, attention_kernel=name)
+            [op] = [o for o in attention_ops(model, cfg) if o.name == "attention_core"]
+            times[name] = float(attention_time_s(op, gpu, backward=True))
+        assert times["flash-attention-2"] / times["cudnn-9.0"] == pytest.approx(ratio)
+    r = CliRunner().invoke(app, ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "4",
+                                 "--global-batch", "1024", "--seq-len", "4096", "--precision", "fp8",
+                                 "--attention-kernel", "cudnn-9.0", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["attention_kernel_priced"] == "cudnn-9.0"
+
+
+def test_derived_kernel_errors_name_the_field():
+    """A derived entry must name a table the profile has and give its rate: one line naming the field, and a fix."""
+    data = json.loads((hardware_profiles_dir() / "h100-80gb-sxm.json").read_text())
+    [entry] = [k for k in data["gpu"]["other_attention_kernels"] if k["kernel"] == "cudnn-9.0"]
+    at = data["gpu"]["other_attention_kernels"].index(entry)
+    entry["scaled_from"] = "flash-attention-1"
+    with pytest.raises(PlannerError, match=rf"gpu.other_attention_kernels\[{at}\].scaled_from") as e:
+        cluster_from_dict(data, source="h100.json")
+    assert "flash-attention-2" in e.value.fix
+    entry["scaled_from"] = "flash-attention-2"
+    del entry["rate_ratio"]
+    with pytest.raises(PlannerError, match=rf"gpu.other_attention_kernels\[{at}\].rate_ratio"):
+        cluster_from_dict(data, source="h100.json")
+    entry["rate_ratio"] = {"value": -1.0}
+    with pytest.raises(PlannerError, match="rate_ratio"):
+        cluster_from_dict(data, source="h100.json")
+
+
+def test_refitting_the_kernel_tables_keeps_the_derived_releases(tmp_path, monkeypatch):
+    """``attention_fit --write`` rewrites the published tables; a release derived from one (its ratio fitted on
+    training runs by planner.validation.fit) stays in the profile."""
+    for name in ("h100-80gb-sxm", "h200-141gb-sxm", "h800-80gb-sxm"):
+        (tmp_path / f"{name}.json").write_text((hardware_profiles_dir() / f"{name}.json").read_text())
+    monkeypatch.setattr(attention_fit, "hardware_profiles_dir", lambda: tmp_path)
+    rows = _rows()
+    fits = [attention_fit.fit("h100-80gb-sxm", label, rows) for label in attention_fit.kernels("h100-80gb-sxm", rows)]
+    attention_fit.write(fits, "cudnn", ("h200-141gb-sxm", "h800-80gb-sxm"))
+    after = json.loads((tmp_path / "h100-80gb-sxm.json").read_text())["gpu"]["other_attention_kernels"]
+    assert [k["kernel"] for k in after][-1] == "cudnn-9.0" and "scaled_from" in after[-1]
+    assert cluster_from_dict(json.loads((tmp_path / "h100-80gb-sxm.json").read_text())).gpu.attention_table(
+        "cudnn-9.0").name == "cudnn-9.0"

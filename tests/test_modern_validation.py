@@ -106,18 +106,20 @@ def test_the_fitted_profile_values_are_what_the_fit_computes(profile, precision)
 
 
 def test_fp8_group_after_the_fit():
-    """Dense fp8 rows: those without context parallelism (the GEMM ratios' fitting rows and their B200 / GB200
-    checks) within 4% on average and 12% at most (the worst, Megatron-Bridge 26.02's GB200 Llama 3 70B mxfp8 at
-    +11%: that container ran each dense recipe 3-8% slower than 26.02.01 did, 2026-12-06, which one number per GPU
-    and precision cannot follow); with ring CP, the H100 rows' own residual (+6% to +16%), which no fitted number
-    absorbs, and NeMo 25.04's B200 long-context rows (+9% at 32K to +17% at 1M tokens, attention from the table
-    fitted on cuDNN 9.10's published speeds), below 20%."""
+    """Dense fp8 rows: those without context parallelism (the GEMM ratios' fitting rows, their B200 / GB200 checks
+    and NeMo 24.03's 4K-16K rows) within 4% on average and 12% at most (the worst, Megatron-Bridge 26.02's GB200
+    Llama 3 70B mxfp8 at +11%: that container ran each dense recipe 3-8% slower than 26.02.01 did, 2026-12-06, which
+    one number per GPU and precision cannot follow); with ring CP, the current releases' H100 rows' own residual
+    (+6% to +17%), which no fitted number absorbs, and NeMo 25.04's B200 long-context rows (+7% at 32K to +13% at
+    1M tokens, attention from the table fitted on cuDNN 9.10's published speeds), below 20%; NeMo 24.03's CP rows
+    (cuDNN 9.0, whose rate is fitted) within 3%."""
     dense = [r for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups and "MoE" not in r.groups
              and not RUN_BY_ID[r.id].get("held_out")]
     plain = [abs(r.error) for r in dense if "context parallel" not in r.groups]
     ring = [abs(r.error) for r in dense if "context parallel" in r.groups]
+    old_kernel = [abs(r.error) for r in dense if "context parallel" in r.groups and r.id.startswith("NeMo2403")]
     assert sum(plain) / len(plain) < 0.04 and max(plain) < 0.12
-    assert len(ring) == 14 and max(ring) < 0.20
+    assert len(ring) == 20 and max(ring) < 0.20 and len(old_kernel) == 6 and max(old_kernel) < 0.03
 
 
 def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
@@ -289,18 +291,39 @@ def test_fine_grained_moe_rows_after_the_expert_issue_fit():
 
 
 def test_nemo_24_03_long_sequence_rows_on_h100():
-    """NeMo's long-sequence page, Llama 2 7B in fp8 on H100 (NeMo 24.03.01, 4K to 1M tokens, CP up to 32),
-    converted with NeMo's FLOP count of the commit that published it: held out of every fit. The model is
-    optimistic on all nine, from +8% at 4K (no CP) to +39% at 1M, the gap growing with the attention's share of the
-    step: what the container's cuDNN 9.0 fused attention (Transformer Engine 1.x picks it on sm90) ran slower than
-    the mid-2024 cuDNN the H100 table is fitted on, which the planner cannot express per release. Pinned so that a
-    change that moves them shows (2026-12-05)."""
-    rows = {k: r for k, r in ROWS.items() if k.startswith("NeMo2403-H100-Llama2-7B-")}
-    assert len(rows) == 9 and all(RUN_BY_ID[k]["held_out"] for k in rows)
-    assert 0.05 < rows["NeMo2403-H100-Llama2-7B-4K"].error < 0.11
-    assert 0.35 < rows["NeMo2403-H100-Llama2-7B-1M"].error < 0.43
-    short, long_ = rows["NeMo2403-H100-Llama2-7B-16K"].error, rows["NeMo2403-H100-Llama2-7B-256K"].error
-    assert short < long_
+    """NeMo's long-sequence page, Llama 2 7B in fp8 on H100 (NeMo 24.03.01, 4K to 1M tokens, TP 1-8, PP 1-2, CP up
+    to 32), converted with NeMo's FLOP count of the commit that published it. The container ran cuDNN 9.0's fused
+    attention (Transformer Engine 1.4 picks it on sm90), older than any published cuDNN table. At the mid-2024 cuDNN
+    table the model was optimistic on all nine, from +9% at 4K to +37% at 1M, and the gap grows with the attention's
+    share of the step: every row needs its attention about 1.45x slower (1.39-1.49) whatever its length, TP, PP or
+    CP, so the gap is the kernel, not the ring or the GEMMs. At FlashAttention-2's table the rows read 2-14% slow,
+    also growing with length: cuDNN 9.0 sits between the two, as Transformer Engine's notes put it (20-50% ahead of
+    flash-attn 2.4.2 on Hopper). Priced as FlashAttention-2's table at one fitted rate (hardware profile
+    ``cudnn-9.0``, planner.validation.fit KERNEL_TARGETS), all nine sit within 3%, each row left out too (2026-12-06;
+    held out of every fit before)."""
+    from planner.specs.hardware import load_cluster
+    from planner.validation.compare import evaluate_modern_run
+    from planner.validation.fit import fit_kernel
+
+    runs = [r for r in RUNS if r["id"].startswith("NeMo2403-H100-Llama2-7B-")]
+    assert len(runs) == 9 and all(r["layout"]["attention_kernel"] == "cudnn-9.0" for r in runs)
+    f = fit_kernel("h100-80gb-sxm", "cudnn-9.0", "flash-attention-2")
+    stored = [k for k in load_cluster("h100-80gb-sxm").gpu.other_attention_kernels if k.name == "cudnn-9.0"]
+    assert stored and 1.05 < f.value < 1.5 and set(f.rows) == {r["id"] for r in runs}
+    assert max(abs(ROWS[r["id"]].error) for r in runs) < 0.03
+    assert max(abs(e) for errs in f.loro.values() for e in errs) < 0.035 and not f.loso  # one source
+
+    def errors(kernel):
+        out = {}
+        for r in runs:
+            other = json.loads(json.dumps(r))
+            other["layout"]["attention_kernel"] = kernel
+            out[r["id"]] = evaluate_modern_run(other).error
+        return out
+
+    newer, fa2 = errors("cudnn"), errors("flash-attention-2")
+    assert all(newer[i] > 0.05 for i in newer) and newer["NeMo2403-H100-Llama2-7B-1M"] > 0.3
+    assert all(fa2[i] < 0 for i in fa2) and fa2["NeMo2403-H100-Llama2-7B-1M"] < fa2["NeMo2403-H100-Llama2-7B-4K"]
 
 
 def test_what_the_gpt_oss_b200_rows_miss_is_the_same_per_step():
@@ -346,7 +369,8 @@ def test_validate_reports_in_sample_and_out_of_sample_rows_apart():
 def test_a_plan_says_when_its_runner_up_is_a_run_of_another_kind():
     """The bands carry the rows' mean signed error (which way the model errs on such runs), and a plan whose runner-
     up is a run of another kind (here: the winner with ring CP, the runner-up without) carries both bands and says
-    how the model reads each kind: on H100 fp8 the CP rows all read fast (+25%), the others within a few percent."""
+    how the model reads each kind: on H100 fp8 the CP rows read fast (+5.5% signed, 6.2% mean |error|: the current
+    releases' rows +6% to +17%, NeMo 24.03's within 3% either way), the others within a few percent."""
     from planner.cli.plan import tie_note
     from planner.validation.bands import BANDS_FILE, band_for
     from planner.validation.fit import cross_validated_errors
@@ -357,7 +381,7 @@ def test_a_plan_says_when_its_runner_up_is_a_run_of_another_kind():
             errs = [left_out.get(i, ROWS[i].error) for i in c["rows"]]
             assert c["mean_signed_error"] == pytest.approx(statistics.mean(errs), abs=1e-4)
     cp = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False, cp=True)
-    assert cp.mean_signed_error == pytest.approx(cp.mean_abs_error)  # every such row reads fast
+    assert cp.mean_signed_error > 0.8 * cp.mean_abs_error  # such rows read fast
     args = ["plan", "--model", "llama-3.1-70b", "--cluster", "h100-80gb-sxm", "--gpus", "64", "--global-batch", "128",
             "--seq-len", "8192", "--precision", "fp8", "--stack", "torchtitan", "--cp", "1,2", "--top", "8"]
     r = CliRunner().invoke(app, args + ["--json"])

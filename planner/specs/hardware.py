@@ -7,7 +7,7 @@ dataclasses hold SI units (FLOP/s, bytes, bytes/s, seconds).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ class EfficiencyCurve:
 #: the attention kernels a stack or ``--attention-kernel`` can name, as profiles' tables are keyed: cuDNN's fused
 #: attention (Transformer Engine's FusedAttention; PyTorch SDPA's cuDNN backend), FlashAttention-2 (the flash-attn 2
 #: package; PyTorch SDPA's flash backend), FlashAttention-3 (flash-attn's Hopper kernels)
-ATTENTION_KERNELS = ("cudnn", "flash-attention-2", "flash-attention-3")
+ATTENTION_KERNELS = ("cudnn", "cudnn-9.0", "flash-attention-2", "flash-attention-3")
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,16 @@ class AttentionKernel:
 
     def row_overhead_tiles(self, head_dim, backward: bool = False):
         return self._at(self.bwd_row_overhead_tiles if backward else self.fwd_row_overhead_tiles, head_dim)
+
+
+def derived_attention_kernel(base: AttentionKernel, name: str, rate_ratio: float) -> AttentionKernel:
+    """Kernel ``name``: another release of an attention kernel that walks the same tiles as ``base`` (the same
+    tile, row and masked-tile costs, Dao 2023 Sec. 3.1) at ``rate_ratio`` times its plateau rates. A profile gives
+    one where no published benchmark of that release exists but the runs that used it pin its speed against a
+    table that has one (``gpu.other_attention_kernels`` entries with ``scaled_from``; the ratio is fitted by
+    ``planner.validation.fit``)."""
+    return replace(base, name=name, fwd_plateau_flops=tuple(v * rate_ratio for v in base.fwd_plateau_flops),
+                   bwd_plateau_flops=tuple(v * rate_ratio for v in base.bwd_plateau_flops))
 
 
 @dataclass(frozen=True)
@@ -402,8 +412,11 @@ def _attention_kernel(d: Any, source: str, section: str = "gpu.attention_kernel"
     )
 
 
-def _other_attention_kernels(d: Any, source: str) -> tuple[AttentionKernel, ...]:
-    """``gpu.other_attention_kernels``: a list of further kernel tables (each as ``gpu.attention_kernel``)."""
+def _other_attention_kernels(d: Any, source: str, default: AttentionKernel | None = None) \
+        -> tuple[AttentionKernel, ...]:
+    """``gpu.other_attention_kernels``: a list of further kernel tables (each as ``gpu.attention_kernel``), or of
+    releases derived from one (``{"kernel", "scaled_from", "rate_ratio": {"value"}}``,
+    :func:`derived_attention_kernel`) of a table the profile has (``default``, the profile's own, or a listed one)."""
     if d is None:
         return ()
     if not isinstance(d, list):
@@ -413,7 +426,25 @@ def _other_attention_kernels(d: Any, source: str) -> tuple[AttentionKernel, ...]
         if not isinstance(k, dict):
             raise PlannerError("must be a kernel table (an object)", source=source,
                                field=f"gpu.other_attention_kernels[{i}]", fix=_FORMAT_FIX)
-    return tuple(_attention_kernel(k, source, f"gpu.other_attention_kernels[{i}]") for i, k in enumerate(d))
+    tables = {i: _attention_kernel(k, source, f"gpu.other_attention_kernels[{i}]")
+              for i, k in enumerate(d) if "scaled_from" not in k}
+    by_name = {k.name: k for k in ((default,) if default else ()) + tuple(tables.values())}
+    for i, k in enumerate(d):
+        if i in tables:
+            continue
+        section = f"gpu.other_attention_kernels[{i}]"
+        base = by_name.get(k["scaled_from"])
+        if base is None:
+            raise PlannerError(f"scaled_from names no kernel table of this profile: {k['scaled_from']!r}",
+                               source=source, field=f"{section}.scaled_from",
+                               fix=f"use one of: {', '.join(by_name) or '(none: add a table first)'}")
+        ratio = k.get("rate_ratio")
+        if not isinstance(ratio, dict):
+            raise PlannerError("missing or not an object", source=source, field=f"{section}.rate_ratio",
+                               fix='e.g. {"value": 1.15, "fitted_on": [...]}')
+        tables[i] = derived_attention_kernel(base, str(k.get("kernel", "attention kernel")),
+                                             _num(ratio, "value", source, f"{section}.rate_ratio"))
+    return tuple(tables[i] for i in range(len(d)))
 
 
 def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
@@ -462,6 +493,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
     g = data.get("gpu")
     if not isinstance(g, dict):
         raise PlannerError("missing or not an object", source=source, field="gpu", fix=_FORMAT_FIX)
+    default_kernel = _attention_kernel(g.get("attention_kernel"), source)
     gpu = GPU(
         name=str(g.get("name", default_name)),
         peak_flops=_num(g, "peak_bf16_tflops", source, "gpu") * TFLOPS,
@@ -479,8 +511,8 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         expert_gemm_call_s=expert_call_times(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us"),
         expert_gemm_call_s_alltoall=expert_call_times(g.get("expert_gemm_call_us_alltoall"), source,
                                                       "gpu.expert_gemm_call_us_alltoall"),
-        attention_kernel=_attention_kernel(g.get("attention_kernel"), source),
-        other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source),
+        attention_kernel=default_kernel,
+        other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source, default_kernel),
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),
         sm_count=_int(g, "sm_count", source, "gpu.sm_count", minimum=0, default=0,
                       fix="give the GPU's SM count (e.g. 132 for H100 SXM5) or leave the field out"),

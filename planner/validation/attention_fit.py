@@ -250,7 +250,9 @@ def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...]) -> Non
                 {"carried_from": profile, "note": "same GH100 die and clocks: not refitted",
                  "independent_check_error": _check_error(f.kernel, rows, name)}
         gpu["attention_kernel"] = _section(main.kernel, 1.0, ratio, prov(main))
-        gpu["other_attention_kernels"] = [_section(f.kernel, 1.0, ratio, prov(f)) for f in others]
+        # releases derived from a table (``scaled_from``: their ratio is fitted on training runs, planner.validation.fit)
+        derived = [k for k in gpu.get("other_attention_kernels", []) if "scaled_from" in k]
+        gpu["other_attention_kernels"] = [_section(f.kernel, 1.0, ratio, prov(f)) for f in others] + derived
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 

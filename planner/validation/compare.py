@@ -234,6 +234,10 @@ def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
                 measured=float(run["measured_tokens_per_s_per_gpu"]), groups=row_groups(run, model, cfg),
                 command=estimate_command(run))
     problems = config_problems(model, cluster, cfg)
+    # the CLI refuses a named kernel the profile has no table for (hardware.check_attention_kernel); so does a row
+    kernels = cluster.gpu.attention_kernel_names()
+    if cfg.attention_kernel and kernels and cfg.attention_kernel not in kernels:
+        problems = [("attention_kernel", f"profile {run['cluster']} has no table for '{cfg.attention_kernel}'")]
     if problems:
         return ModernRow(estimated=None, cannot_express=f"{problems[0][0]}: {problems[0][1]}", **base)
     est = estimate(model, cluster, cfg)

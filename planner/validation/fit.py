@@ -11,6 +11,11 @@ step; MoE rows (all-to-all, grouped GEMMs: issue 10) and rows with context paral
 residual on H100) are left out of the fit. The fit minimizes the mean absolute
 relative error of tokens/s per GPU over a grid of ratios. Leave-one-source-out: for each source (framework
 release) the ratio is refit without its rows and the left-out rows are scored with it.
+
+One parameter per derived attention-kernel release (:data:`KERNEL_TARGETS`): the speed of a kernel release no
+published benchmark describes, as a ratio to a table that has one (``hardware.derived_attention_kernel``), fitted
+on the rows that ran it. Where those rows come from one source, each row is also scored at the ratio refit without
+it (leave one row out): the only refit one source allows.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.cost.compute import alltoall_dispatch
-from planner.specs.hardware import hardware_profiles_dir
+from planner.specs.hardware import derived_attention_kernel, hardware_profiles_dir
 from planner.specs.stack import DEFAULT_STACK, stacks_dir
 from planner.validation.compare import evaluate_modern_run, load_modern_runs, modern_config, row_cluster, row_stack
 
@@ -58,6 +63,16 @@ CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", (), DEFAULT_STACK, OTHE
 #: issue times tried, microseconds per expert GEMM
 CALL_GRID_US = np.arange(0.0, 400.0001, 5.0)
 
+#: attention-kernel releases priced as another table's shape at a fitted rate (``gpu.other_attention_kernels``
+#: entries with ``scaled_from``): (profile, kernel, the table it is scaled from). cuDNN 9.0, the fused attention of
+#: the NeMo 24.03 container (Transformer Engine 1.4 selects it on sm90), predates every published cuDNN table the
+#: profile has (mid-2024 and later); Transformer Engine's own notes for that release put it 20-50% ahead of
+#: flash-attn 2.4.2 on Hopper (docs/examples/attention/attention.ipynb at v1.7-v1.8), so it is scaled from the
+#: FlashAttention-2 table (Shah et al. 2024's FlashAttention-2 bars)
+KERNEL_TARGETS = (("h100-80gb-sxm", "cudnn-9.0", "flash-attention-2"),)
+#: rate ratios tried
+KERNEL_GRID = np.round(np.arange(1.0, 2.0001, 0.01), 2)
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -73,6 +88,8 @@ class Fit:
     stack: str = DEFAULT_STACK
     #: which dispatcher's rows (expert-call fits: :data:`ALLTOALL`, :data:`OTHERS` or :data:`EVERY`)
     dispatchers: str = EVERY
+    #: per left-out row (kernel-ratio fits, whose rows may be one source's): its error with the value refit without it
+    loro: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,32 @@ class _Param:
     field: str
     grid: np.ndarray
     unit: float = 1.0
+
+
+    def apply(self, cluster, precision: str, value: float):
+        """``cluster`` with this field of ``precision`` set to ``value`` (in the grid's unit)."""
+        values = dict(getattr(cluster.gpu, self.field))
+        values[precision] = float(value) * self.unit
+        return replace(cluster, gpu=replace(cluster.gpu, **{self.field: tuple(sorted(values.items()))}))
+
+
+@dataclass(frozen=True)
+class _KernelParam:
+    """A derived attention-kernel release's rate ratio (:data:`KERNEL_TARGETS`): ``kernel`` as ``base``'s table at a
+    trial ratio (precision-independent: attention runs in bf16)."""
+
+    kernel: str
+    base: str
+    grid: np.ndarray = field(default_factory=lambda: KERNEL_GRID)
+
+    def apply(self, cluster, precision: str, value: float):
+        gpu = cluster.gpu
+        base = gpu.attention_table(self.base)
+        if base is None or base.name != self.base:
+            raise ValueError(f"profile {cluster.name} has no {self.base} table to derive {self.kernel} from")
+        others = tuple(k for k in gpu.other_attention_kernels if k.name != self.kernel)
+        derived = derived_attention_kernel(base, self.kernel, float(value))
+        return replace(cluster, gpu=replace(gpu, other_attention_kernels=others + (derived,)))
 
 
 RATIO = _Param("low_precision_gemm_efficiency", GRID)
@@ -97,14 +140,12 @@ def call_param(dispatchers: str) -> _Param:
 
 def _with(cluster, param: _Param, precision: str, value: float):
     """``cluster`` with ``param`` of ``precision`` set to ``value`` (in the grid's unit)."""
-    values = dict(getattr(cluster.gpu, param.field))
-    values[precision] = float(value) * param.unit
-    return replace(cluster, gpu=replace(cluster.gpu, **{param.field: tuple(sorted(values.items()))}))
+    return param.apply(cluster, precision, value)
 
 
 def _errors(runs: list[dict], param: _Param, precision: str, value: float) -> list[float]:
     """Signed errors of ``runs``, each on its own profile with ``param`` set to ``value``."""
-    return [evaluate_modern_run(r, cluster=_with(row_cluster(r), param, precision, value)).error for r in runs]
+    return [evaluate_modern_run(r, cluster=param.apply(row_cluster(r), precision, value)).error for r in runs]
 
 
 def _best(runs: list[dict], param: _Param, precision: str) -> float:
@@ -134,9 +175,12 @@ def fitting_rows(profile: str, precision: str) -> list[dict]:
     """The dense rows of this GPU and precision without context parallelism (the rows the GEMM-efficiency ratio is
     fitted on), held-out rows (``held_out``: checks of a layer model with no fitted number of its own) aside. Rows
     with CP are checks, not fitting rows: on H100 they carry a residual of their own (+10-15% where the rows without
-    CP sit within 5%, README), which a GEMM ratio must not absorb."""
+    CP sit within 5%, README), which a GEMM ratio must not absorb. Nor are rows whose attention kernel's speed is
+    itself fitted (:data:`KERNEL_TARGETS`: NeMo 24.03's cuDNN 9.0): the two values would trade against each other."""
+    derived = {kernel for _, kernel, _ in KERNEL_TARGETS}
     return [r for r in load_modern_runs() if r["cluster"] == profile and r["layout"]["precision"] == precision
-            and not _is_moe(r) and not r.get("held_out") and r["layout"].get("cp", 1) == 1]
+            and not _is_moe(r) and not r.get("held_out") and r["layout"].get("cp", 1) == 1
+            and r["layout"].get("attention_kernel", "") not in derived]
 
 
 def runs_alltoall(run: dict) -> bool:
@@ -156,12 +200,23 @@ def call_fitting_rows(profiles: tuple[str, ...], precision: str, stack: str = DE
             and (dispatchers == EVERY or runs_alltoall(r) == (dispatchers == ALLTOALL))]
 
 
+def kernel_fitting_rows(profile: str, kernel: str) -> list[dict]:
+    """The rows of ``profile`` that ran attention-kernel release ``kernel`` (their layout's ``attention_kernel``):
+    the rows its rate ratio is fitted on."""
+    return [r for r in load_modern_runs() if r["cluster"] == profile and r["layout"].get("attention_kernel") == kernel
+            and not r.get("held_out")]
+
+
 def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
-    """Every fitted value's rows, parameter and precision: :data:`TARGETS`' GEMM ratios, then :data:`CALL_TARGETS`'
-    expert GEMM issue times (the rows :func:`fit` and :func:`fit_call` fit on)."""
+    """Every fitted value's rows, parameter and precision: :data:`TARGETS`' GEMM ratios, :data:`CALL_TARGETS`'
+    expert GEMM issue times, then :data:`KERNEL_TARGETS`' kernel rate ratios (the rows :func:`fit`,
+    :func:`fit_call` and :func:`fit_kernel` fit on; a kernel's ratio is the same at every precision, so its rows'
+    own)."""
     return [(fitting_rows(profile, precision), RATIO, precision) for profile, precision, _ in TARGETS] + \
         [(call_fitting_rows(profiles, precision, stack, dispatchers), call_param(dispatchers), precision)
-         for profiles, precision, _, stack, dispatchers in CALL_TARGETS]
+         for profiles, precision, _, stack, dispatchers in CALL_TARGETS] + \
+        [(kernel_fitting_rows(profile, kernel), _KernelParam(kernel, base), "")
+         for profile, kernel, base in KERNEL_TARGETS]
 
 
 def fitted_row_ids() -> frozenset[str]:
@@ -174,12 +229,19 @@ def fitted_row_ids() -> frozenset[str]:
 def cross_validated_errors() -> dict[str, float]:
     """Each in-sample row's signed error at the value refit without its source (leave one source out, as
     :func:`fit` and :func:`fit_call` report it): the error the model would make on that row had its release never
-    been seen. Rows whose source is the only one of their fit are absent (nothing is left to refit on)."""
+    been seen. Where a fit's rows all come from one source, each row at the value refit without that row (leave one
+    row out, :func:`fit_kernel`'s check); a row alone in its fit is absent (nothing is left to refit on)."""
     out: dict[str, float] = {}
     for runs, param, precision in _fitted_sets():
-        for source, errors in _left_out(runs, source_of, param, precision).items():
-            out.update(zip((r["id"] for r in runs if source_of(r) == source), errors))
+        one_source = len({source_of(r) for r in runs}) == 1
+        for key, errors in _left_out(runs, row_id if one_source else source_of, param, precision).items():
+            out.update(zip((r["id"] for r in runs if (row_id if one_source else source_of)(r) == key), errors))
     return out
+
+
+def row_id(run: dict) -> str:
+    """A row's own id, for leave-one-row-out."""
+    return run["id"]
 
 
 def source_of(run: dict) -> str:
@@ -209,6 +271,17 @@ def fit_call(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STA
     return Fit("+".join(profiles), precision, value, tuple(r["id"] for r in runs),
                tuple(_errors(runs, param, precision, value)), _left_out(runs, source_of, param, precision),
                _left_out(runs, family_of, param, precision), stack, dispatchers)
+
+
+def fit_kernel(profile: str, kernel: str, base: str) -> Fit:
+    """The rate ratio of attention-kernel release ``kernel`` over ``base``'s table on ``profile``, with
+    leave-one-source-out errors (``loso``) and leave-one-row-out errors (``loro``): its rows may all be one
+    source's (a container's table), and leaving one row out is then the only refit."""
+    runs = kernel_fitting_rows(profile, kernel)
+    param = _KernelParam(kernel, base)
+    value = _best(runs, param, "")
+    return Fit(profile, "", value, tuple(r["id"] for r in runs), tuple(_errors(runs, param, "", value)),
+               _left_out(runs, source_of, param, ""), loro=_left_out(runs, row_id, param, ""))
 
 
 def _pct(errors) -> str:
@@ -249,6 +322,40 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
         return
     _store(f, carried_to, "expert_gemm_call_us_alltoall" if f.dispatchers == ALLTOALL else "expert_gemm_call_us", entry,
            "host software path (Megatron-Core, Transformer Engine)")
+
+
+def write_kernel(f: Fit, kernel: str, base: str) -> None:
+    """Store a fitted kernel rate ratio as the ``gpu.other_attention_kernels`` entry of ``kernel`` (replacing it)."""
+    loso_all = [e for errs in f.loso.values() for e in errs]
+    loro_all = [e for errs in f.loro.values() for e in errs]
+    entry = {"kernel": kernel, "scaled_from": base,
+             "rate_ratio": {
+                 "value": f.value, "fitted_on": list(f.rows),
+                 "method": "planner/validation/fit.py: grid over [1.00, 2.00] step 0.01, least mean |error| of "
+                           f"tokens/s per GPU on these rows (the rows of {f.profile} that ran {kernel})",
+                 "in_sample": _pct(f.in_sample),
+                 "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
+                 "leave_one_row_out": _pct(loro_all) if loro_all else "one row only: no left-out check"},
+             "source": KERNEL_SOURCES[kernel]}
+
+    def put(data: dict) -> None:
+        kernels = [k for k in data["gpu"].get("other_attention_kernels", []) if k.get("kernel") != kernel]
+        data["gpu"]["other_attention_kernels"] = kernels + [entry]
+
+    _update_json(hardware_profiles_dir() / f"{f.profile}.json", put)
+
+
+#: what each derived kernel release is, as its profile entry says
+KERNEL_SOURCES = {
+    "cudnn-9.0": "cuDNN 9.0's fused flash attention (cuDNN sub-backend 1), as the NeMo 24.03 container ran it: "
+                 "Transformer Engine 1.4 selects FusedAttention over FlashAttention on sm90 "
+                 "(transformer_engine/pytorch/attention.py @ v1.4, 'Select FusedAttention on sm90'). No benchmark of "
+                 "that release is published; Transformer Engine's notes put it 20-50% ahead of flash-attn 2.4.2 on "
+                 "Hopper ('As of Transformer Engine 1.7, cuDNN 9.0 and flash-attn 2.4.2 ... cuDNN attention has 20-50% "
+                 "advantages on Hopper architectures', docs/examples/attention/attention.ipynb @ v1.7), so it is "
+                 "FlashAttention-2's table (tile, row and masked-tile costs) at a rate ratio fitted on the runs that "
+                 "used it",
+}
 
 
 #: how a fit's method names the dispatcher its rows ran
@@ -303,6 +410,15 @@ def main() -> None:
                 print(f"  left out {kind} {key}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
         if args.write:
             write_call(f, carried)
+    for profile, kernel, base in KERNEL_TARGETS:
+        f = fit_kernel(profile, kernel, base)
+        print(f"{profile} {kernel}: rate {f.value:.2f} x {base}'s table on {len(f.rows)} rows ({', '.join(f.rows)})")
+        print(f"  in-sample: {_pct(f.in_sample)}")
+        for kind, groups in (("source", f.loso), ("row", f.loro)):
+            for key, errs in groups.items():
+                print(f"  left out {kind} {key}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
+        if args.write:
+            write_kernel(f, kernel, base)
 
 
 if __name__ == "__main__":
