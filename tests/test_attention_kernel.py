@@ -421,3 +421,14 @@ def test_refitting_the_kernel_tables_keeps_the_derived_releases(tmp_path, monkey
     assert [k["kernel"] for k in after][-1] == "cudnn-9.0" and "scaled_from" in after[-1]
     assert cluster_from_dict(json.loads((tmp_path / "h100-80gb-sxm.json").read_text())).gpu.attention_table(
         "cudnn-9.0").name == "cudnn-9.0"
+
+
+def test_every_named_kernel_exports_its_megatron_backend():
+    """A plan costed with any named kernel pins Megatron's --attention-backend to the one that runs it (cuDNN's
+    releases: Transformer Engine's FusedAttention), so the launch runs what was priced."""
+    from planner.export.megatron import attention_backend
+    from planner.specs.hardware import ATTENTION_KERNELS
+
+    for name in ATTENTION_KERNELS:
+        want = "fused" if name.startswith("cudnn") else "flash"
+        assert attention_backend(RunConfig(num_gpus=8, global_batch_size=8, attention_kernel=name)) == want

@@ -330,7 +330,7 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
 #: name) for the kernel the plan was costed with: Transformer Engine's FusedAttention is cuDNN's kernel, its
 #: FlashAttention backend runs the flash-attn package (FlashAttention-3 on Hopper where flash-attn 3 is installed,
 #: else FlashAttention-2: transformer_engine/pytorch/attention/dot_product_attention/utils.py)
-ATTENTION_BACKEND = {"cudnn": "fused", "flash-attention-2": "flash", "flash-attention-3": "flash"}
+ATTENTION_BACKEND = {"cudnn": "fused", "cudnn-9.0": "fused", "flash-attention-2": "flash", "flash-attention-3": "flash"}
 
 
 def attention_backend(cfg) -> str | None:
