@@ -39,7 +39,8 @@ def modern_report(rows) -> dict:
         "overall": _summary([r.error for r in scored]),
         "groups": {g: _summary([r.error for r in scored if g in r.groups]) for g in GROUPS},
         "in_sample": _summary([r.error for r in scored if r.id in fitted]),
-        # the same rows, each at the value refit without its release (a row alone in its fit's release: its own)
+        # the same rows, each at the value refit without its release (a fit of one source: without the row; a row
+        # alone in its fit: its own)
         "in_sample_left_out": _summary([left_out.get(r.id, r.error) for r in scored if r.id in fitted]),
         "out_of_sample": _summary([r.error for r in scored if r.id not in fitted]),
         "cannot_express": sum(1 for r in rows if r.estimated is None),
@@ -100,7 +101,7 @@ def validate(
             g = Table(title="modern set: accuracy per group (a row may be in several)")
             add_columns(g, ("group", "rows", "mean |error|", "median |error|", "max |error|"), text=("group",))
             apart = [("in sample: rows a fitted value is fitted on", report["in_sample"]),
-                     ("  the same, each refit without its release", report["in_sample_left_out"]),
+                     ("  the same, each refit without its release (or row)", report["in_sample_left_out"]),
                      ("out of sample: all other rows", report["out_of_sample"])]
             for name, s in [("all", report["overall"])] + list(report["groups"].items()) + apart:
                 g.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),

@@ -6,7 +6,7 @@
 A band is the mean absolute error (and, beside it, the mean signed error: whether the model reads such runs too
 fast or too slow) of one cell of the validation residuals, each row a fitted value is chosen on
 scored at that value refit without the row's source (``fit.cross_validated_errors``: the error a run of an unseen
-release meets; a row alone in its fit's only source keeps its own): GPU family (A100: the papers' set;
+release meets; in a fit of one source, at the value refit without the row; a row alone in its fit keeps its own): GPU family (A100: the papers' set;
 H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit), dense or MoE, and with or without context
 parallelism (the H100 rows with ring CP are 7-17% optimistic where those without are within 4%: a plan with CP
 should not borrow the others' band), Ulysses CP a kind of its own (no published run has it: such a plan gets the
