@@ -100,7 +100,6 @@ class _Param:
     grid: np.ndarray
     unit: float = 1.0
 
-
     def apply(self, cluster, precision: str, value: float):
         """``cluster`` with this field of ``precision`` set to ``value`` (in the grid's unit)."""
         values = dict(getattr(cluster.gpu, self.field))
@@ -233,9 +232,9 @@ def cross_validated_errors() -> dict[str, float]:
     row out, :func:`fit_kernel`'s check); a row alone in its fit is absent (nothing is left to refit on)."""
     out: dict[str, float] = {}
     for runs, param, precision in _fitted_sets():
-        one_source = len({source_of(r) for r in runs}) == 1
-        for key, errors in _left_out(runs, row_id if one_source else source_of, param, precision).items():
-            out.update(zip((r["id"] for r in runs if (row_id if one_source else source_of)(r) == key), errors))
+        group = row_id if len({source_of(r) for r in runs}) == 1 else source_of
+        for key, errors in _left_out(runs, group, param, precision).items():
+            out.update(zip((r["id"] for r in runs if group(r) == key), errors))
     return out
 
 
