@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.cost.compute import gpt_full_recompute_flops_eq3, model_flops_per_step
@@ -243,6 +243,37 @@ def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
     est = estimate(model, cluster, cfg)
     return ModernRow(estimated=est.tokens_per_s / cfg.num_gpus, peak_memory_gib=est.peak_memory_gib,
                      memory_limit_gib=est.memory_limit_bytes / GIB, **base)
+
+
+#: how much every attention table is slowed to read a row's attention share (a finite difference)
+ATTENTION_PROBE_SLOWDOWN = 1.10
+
+
+def slowed_attention(cluster, factor: float):
+    """``cluster`` with every attention table's plateau rates (and the single ``attention_efficiency``) divided by
+    ``factor``, the tables' shape costs unchanged."""
+    gpu = cluster.gpu
+
+    def slow(k):
+        return replace(k, fwd_plateau_flops=tuple(v / factor for v in k.fwd_plateau_flops),
+                       bwd_plateau_flops=tuple(v / factor for v in k.bwd_plateau_flops)) if k else k
+
+    return replace(cluster, gpu=replace(gpu, attention_kernel=slow(gpu.attention_kernel),
+                                        attention_efficiency=gpu.attention_efficiency / factor,
+                                        other_attention_kernels=tuple(slow(k) for k in gpu.other_attention_kernels)))
+
+
+def attention_gap(run: dict, error: float | None = None) -> tuple[float, float, float]:
+    """Whether a row's gap follows its attention: (error, the attention kernels' share of its step, the slowdown of
+    the attention alone that closes the gap). The share is d log step / d log attention time (every table slowed
+    :data:`ATTENTION_PROBE_SLOWDOWN`); the step scales as 1 + share (k - 1), so k = 1 + error / share. ``error``
+    replaces the row's own (e.g. its left-out one). A gap that is the kernel's needs one k on every row of a
+    container; one in the GEMMs a k that falls as attention takes over the step; a ring cost one that grows with CP."""
+    base = evaluate_modern_run(run)
+    slowed = evaluate_modern_run(run, cluster=slowed_attention(row_cluster(run), ATTENTION_PROBE_SLOWDOWN))
+    share = (base.estimated / slowed.estimated - 1.0) / (ATTENTION_PROBE_SLOWDOWN - 1.0)
+    e = base.error if error is None else error
+    return e, share, (1.0 + e / share) if share > 0.01 else float("nan")
 
 
 def validate_modern(runs: list[dict] | None = None) -> list[ModernRow]:
