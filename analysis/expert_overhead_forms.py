@@ -101,7 +101,7 @@ def whole_set() -> None:
         cluster = row_cluster(r)
         if hopper:  # one per-copy value after every dispatcher
             for param in (fit.CALL, fit.CALL_ALLTOALL):
-                cluster = fit._with(cluster, param, "fp8", HOPPER_NS_PER_COPY[row_stack(r)])
+                cluster = param.apply(cluster, "fp8", HOPPER_NS_PER_COPY[row_stack(r)])
         errs[rid] = evaluate_modern_run(r, cluster=cluster).error
 
     def group(name, keep):

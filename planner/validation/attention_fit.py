@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from planner.cost.compute import FLASH_ATTN_BWD_RATIO, AttentionShape, attention_rate_flops, attention_work_factor
-from planner.specs.hardware import TFLOPS, AttentionKernel, hardware_profiles_dir, load_cluster
+from planner.specs.hardware import (TFLOPS, AttentionKernel, derived_attention_kernel, hardware_profiles_dir,
+                                    load_cluster)
 from planner.validation.compare import relative_error
 
 RUNS_FILE = Path(__file__).with_name("attention_kernels.json")
@@ -250,15 +251,15 @@ def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...]) -> Non
                 {"carried_from": profile, "note": "same GH100 die and clocks: not refitted",
                  "independent_check_error": _check_error(f.kernel, rows, name)}
         gpu["attention_kernel"] = _section(main.kernel, 1.0, ratio, prov(main))
-        # releases derived from a table (``scaled_from``: their ratio is fitted on training runs, planner.validation.fit)
+        # releases derived from a table (``scaled_from``: their rate is fitted on training runs, planner.validation.fit)
         derived = [k for k in gpu.get("other_attention_kernels", []) if "scaled_from" in k]
         gpu["other_attention_kernels"] = [_section(f.kernel, 1.0, ratio, prov(f)) for f in others] + derived
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _scaled(kernel: AttentionKernel, scale: float) -> AttentionKernel:
-    return replace(kernel, fwd_plateau_flops=tuple(v * scale for v in kernel.fwd_plateau_flops),
-                   bwd_plateau_flops=tuple(v * scale for v in kernel.bwd_plateau_flops))
+    """``kernel`` at ``scale`` times its plateau rates (the same die at another clock)."""
+    return derived_attention_kernel(kernel, kernel.name, scale)
 
 
 def peak_scale(profile: str, carried_from: str) -> float:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from planner.cost.compute import gpt_full_recompute_flops_eq3, model_flops_per_step
 from planner.cost.step import estimate
+from planner.errors import PlannerError
 from planner.specs.config import RunConfig
-from planner.specs.hardware import GIB, load_cluster
+from planner.specs.hardware import GIB, check_attention_kernel, derived_attention_kernel, load_cluster
 from planner.specs.model import model_from_config
 from planner.specs.stack import DEFAULT_STACK, load_stack
 
@@ -234,10 +235,11 @@ def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
                 measured=float(run["measured_tokens_per_s_per_gpu"]), groups=row_groups(run, model, cfg),
                 command=estimate_command(run))
     problems = config_problems(model, cluster, cfg)
-    # the CLI refuses a named kernel the profile has no table for (hardware.check_attention_kernel); so does a row
-    kernels = cluster.gpu.attention_kernel_names()
-    if cfg.attention_kernel and kernels and cfg.attention_kernel not in kernels:
-        problems = [("attention_kernel", f"profile {run['cluster']} has no table for '{cfg.attention_kernel}'")]
+    if cfg.attention_kernel:  # a kernel the row names, refused as the CLI refuses it
+        try:
+            check_attention_kernel(cluster.gpu, run["cluster"], cfg.attention_kernel, option="attention_kernel")
+        except PlannerError as e:
+            problems = [("attention_kernel", e.reason)]
     if problems:
         return ModernRow(estimated=None, cannot_express=f"{problems[0][0]}: {problems[0][1]}", **base)
     est = estimate(model, cluster, cfg)
@@ -255,8 +257,7 @@ def slowed_attention(cluster, factor: float):
     gpu = cluster.gpu
 
     def slow(k):
-        return replace(k, fwd_plateau_flops=tuple(v / factor for v in k.fwd_plateau_flops),
-                       bwd_plateau_flops=tuple(v / factor for v in k.bwd_plateau_flops)) if k else k
+        return derived_attention_kernel(k, k.name, 1.0 / factor) if k else k
 
     return replace(cluster, gpu=replace(gpu, attention_kernel=slow(gpu.attention_kernel),
                                         attention_efficiency=gpu.attention_efficiency / factor,

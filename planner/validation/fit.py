@@ -137,11 +137,6 @@ def call_param(dispatchers: str) -> _Param:
     return CALL_ALLTOALL if dispatchers == ALLTOALL else CALL
 
 
-def _with(cluster, param: _Param, precision: str, value: float):
-    """``cluster`` with ``param`` of ``precision`` set to ``value`` (in the grid's unit)."""
-    return param.apply(cluster, precision, value)
-
-
 def _errors(runs: list[dict], param: _Param, precision: str, value: float) -> list[float]:
     """Signed errors of ``runs``, each on its own profile with ``param`` set to ``value``."""
     return [evaluate_modern_run(r, cluster=param.apply(row_cluster(r), precision, value)).error for r in runs]
