@@ -3,9 +3,9 @@
 An accuracy diagnostic, not part of the model. For each selected modern row (``compare.attention_gap``): its error e
 (estimated over measured tokens/s per GPU, minus 1), the attention kernels' share a of its step (d log step / d log
 attention time, by slowing every attention table of its profile 10%), and the slowdown k of the attention alone
-that would close the gap, 1 + e / a (the step scales as 1 + a (k - 1)). A gap that is the attention kernel's needs the same k on
-every row of one container, whatever the sequence length, TP, PP or CP; a gap in the GEMMs needs a k that falls as
-attention takes over the step, a cost of the CP ring one that grows with the CP degree or the link.
+that would close the gap, 1 + e / a (the step scales as 1 + a (k - 1)). A gap that is the attention kernel's needs
+the same k on every row of one container, whatever the sequence length, TP, PP or CP; a gap in the GEMMs needs a k
+that falls as attention takes over the step, a cost of the CP ring one that grows with the CP degree or the link.
 ``--left-out`` scores a row some fitted value is chosen on at that value refit without its source
 (``fit.cross_validated_errors``), so that the fit does not hide its gap.
 
@@ -44,7 +44,8 @@ def main() -> None:
             run["layout"]["attention_kernel"] = args.kernel
         e, share, k = attention_gap(run, None if args.kernel else left_out.get(run["id"]))
         layout = run["layout"]
-        shape = f"{layout['seq_len'] // 1024}K TP {layout.get('tp', 1)} PP {layout.get('pp', 1)} CP {layout.get('cp', 1)}"
+        shape = (f"{layout['seq_len'] // 1024}K TP {layout.get('tp', 1)} PP {layout.get('pp', 1)} "
+                 f"CP {layout.get('cp', 1)}")
         print(f"{run['id']:40s} {shape:24s} error {100 * e:+6.1f}%  attention share {share:.2f}  needs {k:.2f}x")
 
 

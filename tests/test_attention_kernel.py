@@ -379,7 +379,8 @@ def test_a_derived_kernel_release_is_its_base_table_at_its_rate():
     for s, cp in ((4096, 1), (131072, 4)):
         times = {}
         for name in ("cudnn-9.0", "flash-attention-2"):
-            cfg = RunConfig(num_gpus=8, cp=cp, global_batch_size=1, micro_batch_size=1, seq_len=s, attention_kernel=name)
+            cfg = RunConfig(num_gpus=8, cp=cp, global_batch_size=1, micro_batch_size=1, seq_len=s,
+                            attention_kernel=name)
             [op] = [o for o in attention_ops(model, cfg) if o.name == "attention_core"]
             times[name] = float(attention_time_s(op, gpu, backward=True))
         assert times["flash-attention-2"] / times["cudnn-9.0"] == pytest.approx(ratio)

@@ -3,16 +3,17 @@
     python -m planner.validation.bands           # print the bands from the validation sets
     python -m planner.validation.bands --write   # store them in error_bands.json (what estimates read)
 
-A band is the mean absolute error (and, beside it, the mean signed error: whether the model reads such runs too
-fast or too slow) of one cell of the validation residuals, each row a fitted value is chosen on
-scored at that value refit without the row's source (``fit.cross_validated_errors``: the error a run of an unseen
-release meets; in a fit of one source, at the value refit without the row; a row alone in its fit keeps its own): GPU family (A100: the papers' set;
-H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit), dense or MoE, and with or without context
-parallelism (the H100 rows with ring CP are 7-17% optimistic where those without are within 4%: a plan with CP
-should not borrow the others' band), Ulysses CP a kind of its own (no published run has it: such a plan gets the
-nearest coarser band, marked as not its kind). An estimate takes the band of its cell, or of the nearest coarser cell that
-has rows (GPU family and precision, then precision and kind, then every modern row), and says which it took. The bands are data computed from the sets (a test recomputes them), so
-they move when the model or the sets do.
+A band is the mean absolute error (and, beside it, the mean signed error: whether the model reads such runs too fast
+or too slow) of one cell of the validation residuals, each row a fitted value is chosen on scored at that value
+refit without the row's source (``fit.cross_validated_errors``: the error a run of an unseen release meets; in a fit
+of one source, at the value refit without the row; a row alone in its fit keeps its own): GPU family (A100: the
+papers' set; H100 / H200 / H800; B200 / GB200), GEMM precision class (16-bit or 8-bit), dense or MoE, and with or
+without context parallelism (the H100 rows with ring CP are 7-17% optimistic where those without are within 4%: a
+plan with CP should not borrow the others' band), Ulysses CP a kind of its own (no published run has it: such a plan
+gets the nearest coarser band, marked as not its kind). An estimate takes the band of its cell, or of the nearest
+coarser cell that has rows (GPU family and precision, then precision and kind, then every modern row), and says
+which it took. The bands are data computed from the sets (a test recomputes them), so they move when the model or
+the sets do.
 """
 
 from __future__ import annotations
