@@ -277,5 +277,34 @@ def attention_gap(run: dict, error: float | None = None) -> tuple[float, float, 
     return e, share, (1.0 + e / share) if share > 0.01 else float("nan")
 
 
+@dataclass(frozen=True)
+class MissingTime:
+    """What a row's step lacks in the model (measured step less estimated step, both from tokens/s/GPU), per step and
+    normalized three ways, so that a gap's form can be read off rows of different layouts: per micro-batch of one
+    pipeline replica, and per token and layer (the tokens one replica carries through a step times the layers one
+    GPU holds). A cost the model lacks per step reads constant in the first; one per token the GPU computes, in the
+    last."""
+
+    step_s: float
+    per_micro_batch_s: float
+    per_token_layer_s: float
+
+
+def missing_time(run: dict) -> MissingTime:
+    """:class:`MissingTime` of a modern row (negative where the model is slow)."""
+    from planner.specs.model import load_model
+
+    layout = run["layout"]
+    model = load_model(modern_model_ref(run))
+    pp, tp, cp = layout.get("pp", 1), layout.get("tp", 1), layout.get("cp", 1)
+    dp = layout["num_gpus"] // (pp * tp * cp)
+    tokens_per_gpu = layout["global_batch_size"] * layout["seq_len"] / layout["num_gpus"]
+    row = evaluate_modern_run(run)
+    step_s = tokens_per_gpu / row.measured - tokens_per_gpu / row.estimated
+    micro_batches = layout["global_batch_size"] // (layout["micro_batch_size"] * dp)
+    replica_tokens = layout["global_batch_size"] * layout["seq_len"] / dp
+    return MissingTime(step_s, step_s / micro_batches, step_s / (replica_tokens * model.num_layers / pp))
+
+
 def validate_modern(runs: list[dict] | None = None) -> list[ModernRow]:
     return [evaluate_modern_run(r) for r in (runs if runs is not None else load_modern_runs())]
