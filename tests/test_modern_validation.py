@@ -445,3 +445,19 @@ def test_the_old_containers_gaps_follow_their_attention():
     assert all(1.35 < k < 1.55 for _, _, k in old)
     ring = [attention_gap(r) for r in RUNS if r["id"].startswith("NeMo2504-B200-") and r["layout"].get("cp", 1) > 1]
     assert len(ring) == 6 and all(1.1 < k < 1.2 for _, _, k in ring)
+
+
+def test_the_gap_analysis_scripts_run():
+    """analysis/missing_time_forms.py and analysis/attention_share_gaps.py run from a checkout and print, per
+    selected row, what their docstrings say (one row each, so that the scripts do not rot)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    forms = subprocess.run([sys.executable, "analysis/missing_time_forms.py", "MB2511-GB200-GPT-OSS"], cwd=root,
+                           capture_output=True, text=True, check=True).stdout
+    assert forms.count("\n") == 1 and "lacks  4.03 s a step" in forms and "0.68 us a token and layer" in forms
+    gaps = subprocess.run([sys.executable, "analysis/attention_share_gaps.py", "NeMo2403-H100-Llama2-7B-1M"],
+                          cwd=root, capture_output=True, text=True, check=True).stdout
+    assert gaps.count("\n") == 1 and "needs" in gaps
