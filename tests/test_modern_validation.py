@@ -172,7 +172,9 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
                                  "--global-batch", "64", "--seq-len", "8192", "--precision", "fp8", "--json"])
     assert r.exit_code == 0, r.output
     acc = json.loads(r.stdout)["accuracy"]
-    assert acc["group"] == "H100 / H200 / H800, fp8, dense" and isinstance(acc["runner_up_within_band"], bool)
+    # Llama's own 13 runs of the cell (the 14th is NeMo 24.07's GPT-3 175B)
+    assert acc["group"] == "H100 / H200 / H800, fp8, dense, llama runs" and acc["rows"] == 13
+    assert isinstance(acc["runner_up_within_band"], bool)
     from planner.schema import validate_plan_json
     validate_plan_json(json.loads(r.stdout), "plan")
 
@@ -407,7 +409,8 @@ def test_a_plan_says_when_its_runner_up_is_a_run_of_another_kind():
     first, second = d["parallelism"]["cp"], d["alternatives"][0]["parallelism"]["cp"]
     acc = d["accuracy"]
     assert (first, second) == (2, 1)  # 2026-12-06: TP2 PP4 DP4 CP2 ahead of TP4 PP2 DP8 by 1.6%
-    assert acc["group"].endswith("dense with CP") and acc["runner_up"]["group"] == "H100 / H200 / H800, fp8, dense"
+    assert acc["group"] == "H100 / H200 / H800, fp8, dense with CP, llama runs"  # the cell's are all Llama's
+    assert acc["runner_up"]["group"] == "H100 / H200 / H800, fp8, dense, llama runs"
     from planner.schema import validate_plan_json
     validate_plan_json(d, "plan")
     note_acc = {"group": "a", "mean_abs_error": 0.25, "mean_signed_error": 0.25,
@@ -461,3 +464,29 @@ def test_the_gap_analysis_scripts_run():
     gaps = subprocess.run([sys.executable, "analysis/attention_share_gaps.py", "NeMo2403-H100-Llama2-7B-1M"],
                           cwd=root, capture_output=True, text=True, check=True).stdout
     assert gaps.count("\n") == 1 and "needs" in gaps
+
+
+def test_a_model_family_with_runs_of_its_own_in_a_cell_gets_its_own_band():
+    """'Runs like this one' within a cell are first the model's own family (its ``model_type``) where it has at least
+    bands.FAMILY_MIN_ROWS published runs there: GPT-OSS on B200 in bf16 takes its ten rows' band (+81%, fast), not the
+    cell's mix with DeepSeek-V3 and Qwen3-235B; DeepSeek-V3 there, one run, takes the cell's; Qwen3 on Blackwell in
+    fp8 its own 23 rows (about 5%), where the cell, with Nemotron 3 Nano's six (+30%), reads 8.5% (2026-12-06)."""
+    from planner.validation.bands import FAMILY_MIN_ROWS, band_for
+
+    assert FAMILY_MIN_ROWS == 3
+    oss = band_for("NVIDIA B200", "bf16", moe=True, model_type="gpt_oss")
+    cell = band_for("NVIDIA B200", "bf16", moe=True, model_type="deepseek_v3")
+    assert oss.exact and oss.rows == 10 and "gpt_oss runs" in oss.label and oss.mean_signed_error > 0.7
+    assert cell.rows == 12 and cell.label == "B200, 16-bit, MoE" and cell.mean_abs_error < oss.mean_abs_error
+    qwen = band_for("NVIDIA GB200", "mxfp8", moe=True, model_type="qwen3_moe")
+    mixed = band_for("NVIDIA GB200", "mxfp8", moe=True)
+    assert qwen.rows == 23 and qwen.mean_abs_error < 0.06 < mixed.mean_abs_error
+    from planner.validation.compare import modern_model_ref
+
+    model = modern_model_ref({"model": "models/gpt-oss-120b.json"})
+    r = CliRunner().invoke(app, ["estimate", "--model", model, "--cluster",
+                                 "b200-180gb", "--gpus", "64", "--global-batch", "1280", "--micro-batch", "4",
+                                 "--seq-len", "4096", "--ep", "8", "--precision", "bf16", "--json"])
+    assert r.exit_code == 0, r.output
+    acc = json.loads(r.stdout)["accuracy"]
+    assert acc["group"] == "B200, 16-bit, MoE, gpt_oss runs" and acc["rows"] == 10

@@ -211,7 +211,7 @@ def estimate(
             from planner.cost.variable_length import packed_config
             cfg = packed_config(cfg, dist)
     accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1, cfg.cp_kind,
-                        vision=spec.vision_layers > 0).to_dict()
+                        vision=spec.vision_layers > 0, model_type=spec.model_type).to_dict()
     for warning in request_warnings(spec, cfg):
         err(f"warning: {warning}")
     if json_out:

@@ -286,13 +286,13 @@ def plan(
         write_export(emitted or {**result.to_dict(), **({"data": data} if data is not None else {})}, emit, out,
                      source="plan", option="--emit")
     accuracy = band_for(hw.gpu.name, precision, spec.is_moe, result.config.cp > 1,
-                        result.config.cp_kind, vision=spec.vision_layers > 0).to_dict()
+                        result.config.cp_kind, vision=spec.vision_layers > 0, model_type=spec.model_type).to_dict()
     margin = runner_up_margin(result)
     if margin is not None:
         accuracy["runner_up_within_band"] = margin < accuracy["mean_abs_error"]
         second = result.alternatives[0].config
         other = band_for(hw.gpu.name, precision, spec.is_moe, second.cp > 1, second.cp_kind,
-                         vision=spec.vision_layers > 0).to_dict()
+                         vision=spec.vision_layers > 0, model_type=spec.model_type).to_dict()
         if other["group"] != accuracy["group"]:
             accuracy["runner_up"] = other
     if json_out:

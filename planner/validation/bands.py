@@ -12,8 +12,11 @@ without context parallelism (the H100 rows with ring CP are 7-17% optimistic whe
 plan with CP should not borrow the others' band), Ulysses CP a kind of its own (no published run has it: such a plan
 gets the nearest coarser band, marked as not its kind). An estimate takes the band of its cell, or of the nearest
 coarser cell that has rows (GPU family and precision, then precision and kind, then every modern row), and says
-which it took. The bands are data computed from the sets (a test recomputes them), so they move when the model or
-the sets do.
+which it took. Within its own cell, a model family (the config's ``model_type``) with at least
+:data:`FAMILY_MIN_ROWS` published runs there is a band of its own: an estimate of GPT-OSS on B200 in bf16 takes
+GPT-OSS's rows of that cell, not the cell's mix, and a DeepSeek-V3 estimate in the same cell, whose family has fewer
+runs there, takes the cell's. The bands are data computed from the sets (a test recomputes them), so they move when
+the model or the sets do.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BANDS_FILE = Path(__file__).with_name("error_bands.json")
+#: published runs of one model family in one cell that make a band of their own (fewer: the cell's band stands)
+FAMILY_MIN_ROWS = 3
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,16 @@ def kind_label(moe: bool, cp: bool, cp_kind: str = "ring", vision: bool = False)
     return kind + (" vision-language" if vision else "")
 
 
+def _summary(errors: list[float]) -> dict:
+    return {"mean_abs_error": round(statistics.mean(abs(e) for e in errors), 4),
+            "mean_signed_error": round(statistics.mean(errors), 4)}
+
+
 def compute_bands() -> dict:
-    """Every cell's rows and mean |error|, from the papers' set and the modern set."""
-    from planner.validation.compare import load_modern_runs, validate, validate_modern
+    """Every cell's rows and mean |error|, from the papers' set and the modern set, and within a cell each model
+    family (``model_type``) with at least :data:`FAMILY_MIN_ROWS` modern rows there."""
+    from planner.specs.model import load_model
+    from planner.validation.compare import load_modern_runs, modern_model_ref, validate, validate_modern
     from planner.validation.fit import cross_validated_errors
 
     cells: dict[tuple[str, str, str], list[tuple[str, float]]] = {}
@@ -74,6 +86,8 @@ def compute_bands() -> dict:
         cells.setdefault(("A100", "16-bit", "dense"), []).append((row.id, row.error))
     runs = {r["id"]: r for r in load_modern_runs()}
     left_out = cross_validated_errors()
+    families: dict[tuple[str, str, str], dict[str, list[tuple[str, float]]]] = {}
+    model_types: dict[str, str] = {}
     for row in validate_modern():
         if row.estimated is None:
             continue
@@ -81,11 +95,18 @@ def compute_bands() -> dict:
         moe = "MoE" if "MoE" in row.groups else "dense"  # compare.row_groups: the model has routed experts
         kind = kind_label(moe == "MoE", "context parallel" in row.groups, run["layout"].get("cp_kind", "ring"))
         key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), kind)
-        cells.setdefault(key, []).append((row.id, left_out.get(row.id, row.error)))
-    return {"bands": [{"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v],
-                       "mean_abs_error": round(statistics.mean(abs(e) for _, e in v), 4),
-                       "mean_signed_error": round(statistics.mean(e for _, e in v), 4)}
-                      for k, v in sorted(cells.items())]}
+        error = left_out.get(row.id, row.error)
+        cells.setdefault(key, []).append((row.id, error))
+        ref = modern_model_ref(run)
+        model_type = model_types.setdefault(ref, load_model(ref).model_type)
+        families.setdefault(key, {}).setdefault(model_type, []).append((row.id, error))
+    out = []
+    for k, v in sorted(cells.items()):
+        band = {"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v], **_summary([e for _, e in v])}
+        own = {t: {"rows": [i for i, _ in f], **_summary([e for _, e in f])}
+               for t, f in sorted(families.get(k, {}).items()) if len(f) >= FAMILY_MIN_ROWS}
+        out.append({**band, **({"model_families": own} if own else {})})
+    return {"bands": out}
 
 
 def _load() -> list[dict]:
@@ -93,11 +114,17 @@ def _load() -> list[dict]:
 
 
 def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False, cp_kind: str = "ring",
-             vision: bool = False) -> Band:
+             vision: bool = False, model_type: str = "") -> Band:
     """The band of an estimate of a run on this GPU at this precision, dense or MoE, with context parallelism (CP
-    > 1, of ``cp_kind``: ring or ulysses) or not, of a model with a vision encoder (``vision``) or not."""
+    > 1, of ``cp_kind``: ring or ulysses) or not, of a model with a vision encoder (``vision``) or not; the band of
+    the model's own family (``model_type``) in that cell where it has one."""
     bands = _load()
     family, prec, kind = gpu_family(gpu_name), precision_class(precision), kind_label(moe, cp, cp_kind, vision)
+    own = [b["model_families"][model_type] for b in bands if (b["gpu"], b["precision"], b["kind"]) ==
+           (family, prec, kind) and model_type in b.get("model_families", {})]
+    if own:
+        return Band(f"{family}, {prec}, {kind}, {model_type} runs", own[0]["mean_abs_error"], len(own[0]["rows"]),
+                    True, own[0]["mean_signed_error"])
 
     def pooled(cells: list[dict], label: str, exact: bool) -> Band | None:
         if not cells:
