@@ -490,3 +490,18 @@ def test_a_model_family_with_runs_of_its_own_in_a_cell_gets_its_own_band():
     assert r.exit_code == 0, r.output
     acc = json.loads(r.stdout)["accuracy"]
     assert acc["group"] == "B200, 16-bit, MoE, gpt_oss runs" and acc["rows"] == 10
+
+
+def test_validate_reports_accuracy_per_model_family():
+    """`planner validate --set modern` reports each model family (the config's model_type) apart, in the terminal and
+    under ``model_families`` in JSON, so a family the model misses does not hide in the mean: GPT-OSS's 14 rows read
+    72% (2026-12-06) where Llama's 65 read 5%, Qwen3's and DeepSeek-V3's 5%."""
+    r = CliRunner().invoke(app, ["validate", "--set", "modern", "--json"])
+    assert r.exit_code == 0, r.output
+    fams = json.loads(r.stdout)["modern"]["model_families"]
+    assert sum(f["rows"] for f in fams.values()) == json.loads(r.stdout)["modern"]["overall"]["rows"]
+    assert fams["gpt_oss"]["rows"] == 14 and fams["gpt_oss"]["mean_abs_error"] > 0.6
+    assert fams["llama"]["mean_abs_error"] < 0.06 and fams["qwen3_moe"]["mean_abs_error"] < 0.06
+    assert fams["deepseek_v3"]["mean_abs_error"] < 0.06
+    text = CliRunner().invoke(app, ["validate", "--set", "modern"]).output
+    assert "accuracy per model family" in text and "gpt_oss" in text

@@ -38,6 +38,9 @@ def modern_report(rows) -> dict:
                   "in_sample": r.id in fitted, "source": r.source, "command": r.command} for r in rows],
         "overall": _summary([r.error for r in scored]),
         "groups": {g: _summary([r.error for r in scored if g in r.groups]) for g in GROUPS},
+        # per model family (the config's model_type): a family the model misses shows apart from the ones it fits
+        "model_families": {t: _summary([r.error for r in scored if r.model_type == t])
+                           for t in sorted({r.model_type for r in scored})},
         "in_sample": _summary([r.error for r in scored if r.id in fitted]),
         # the same rows, each at the value refit without its release (a fit of one source: without the row; a row
         # alone in its fit: its own)
@@ -107,6 +110,13 @@ def validate(
                 g.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
                           _pct(s["max_abs_error"]))
             con.print(g)
+            f = Table(title="modern set: accuracy per model family (the config's model_type)")
+            add_columns(f, ("model family", "rows", "mean |error|", "median |error|", "max |error|"),
+                        text=("model family",))
+            for name, s in report["model_families"].items():
+                f.add_row(name, str(s["rows"]), _pct(s["mean_abs_error"]), _pct(s["median_abs_error"]),
+                          _pct(s["max_abs_error"]))
+            con.print(f)
             if report["do_not_fit"]:
                 con.print(f"published runs the memory model says do not fit (they ran): "
                           f"{len(report['do_not_fit'])} of {len(rows)}: " + ", ".join(

@@ -101,6 +101,7 @@ class ModernRow:
     cannot_express: str = ""
     peak_memory_gib: float | None = None  # the memory model's peak for the published layout
     memory_limit_gib: float | None = None  # what the profile lets a GPU use
+    model_type: str = ""  # the model's family (its config's model_type), for accuracy per family
 
     @property
     def fits(self) -> bool | None:
@@ -233,7 +234,7 @@ def evaluate_modern_run(run: dict, cluster=None) -> ModernRow:
     cfg = cfg.with_(sequence_parallel=cfg.sequence_parallel and cfg.tp > 1)
     base = dict(id=run["id"], source=run["source"], framework=run["framework"],
                 measured=float(run["measured_tokens_per_s_per_gpu"]), groups=row_groups(run, model, cfg),
-                command=estimate_command(run))
+                command=estimate_command(run), model_type=model.model_type)
     problems = config_problems(model, cluster, cfg)
     if cfg.attention_kernel:  # a kernel the row names, refused as the CLI refuses it
         try:
