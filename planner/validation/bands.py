@@ -75,8 +75,7 @@ def _summary(errors: list[float]) -> dict:
 def compute_bands() -> dict:
     """Every cell's rows and mean |error|, from the papers' set and the modern set, and within a cell each model
     family (``model_type``) with at least :data:`FAMILY_MIN_ROWS` modern rows there."""
-    from planner.specs.model import load_model
-    from planner.validation.compare import load_modern_runs, modern_model_ref, validate, validate_modern
+    from planner.validation.compare import load_modern_runs, validate, validate_modern
     from planner.validation.fit import cross_validated_errors
 
     cells: dict[tuple[str, str, str], list[tuple[str, float]]] = {}
@@ -87,7 +86,6 @@ def compute_bands() -> dict:
     runs = {r["id"]: r for r in load_modern_runs()}
     left_out = cross_validated_errors()
     families: dict[tuple[str, str, str], dict[str, list[tuple[str, float]]]] = {}
-    model_types: dict[str, str] = {}
     for row in validate_modern():
         if row.estimated is None:
             continue
@@ -97,9 +95,7 @@ def compute_bands() -> dict:
         key = (gpu_family(run["gpu"]) or run["gpu"], precision_class(run["layout"]["precision"]), kind)
         error = left_out.get(row.id, row.error)
         cells.setdefault(key, []).append((row.id, error))
-        ref = modern_model_ref(run)
-        model_type = model_types.setdefault(ref, load_model(ref).model_type)
-        families.setdefault(key, {}).setdefault(model_type, []).append((row.id, error))
+        families.setdefault(key, {}).setdefault(row.model_type, []).append((row.id, error))
     out = []
     for k, v in sorted(cells.items()):
         band = {"gpu": k[0], "precision": k[1], "kind": k[2], "rows": [i for i, _ in v], **_summary([e for _, e in v])}

@@ -295,16 +295,12 @@ def missing_time(run: dict) -> MissingTime:
     """:class:`MissingTime` of a modern row (negative where the model is slow)."""
     from planner.specs.model import load_model
 
-    layout = run["layout"]
-    model = load_model(modern_model_ref(run))
-    pp, tp, cp = layout.get("pp", 1), layout.get("tp", 1), layout.get("cp", 1)
-    dp = layout["num_gpus"] // (pp * tp * cp)
-    tokens_per_gpu = layout["global_batch_size"] * layout["seq_len"] / layout["num_gpus"]
+    cfg, model = modern_config(run), load_model(modern_model_ref(run))
+    tokens_per_gpu = cfg.global_batch_size * cfg.seq_len / cfg.num_gpus
     row = evaluate_modern_run(run)
     step_s = tokens_per_gpu / row.measured - tokens_per_gpu / row.estimated
-    micro_batches = layout["global_batch_size"] // (layout["micro_batch_size"] * dp)
-    replica_tokens = layout["global_batch_size"] * layout["seq_len"] / dp
-    return MissingTime(step_s, step_s / micro_batches, step_s / (replica_tokens * model.num_layers / pp))
+    replica_tokens = cfg.global_batch_size * cfg.seq_len / cfg.dp
+    return MissingTime(step_s, step_s / cfg.num_microbatches, step_s / (replica_tokens * model.num_layers / cfg.pp))
 
 
 def validate_modern(runs: list[dict] | None = None) -> list[ModernRow]:
