@@ -400,6 +400,9 @@ def test_derived_kernel_errors_name_the_field():
     with pytest.raises(PlannerError, match=rf"gpu.other_attention_kernels\[{at}\].scaled_from") as e:
         cluster_from_dict(data, source="h100.json")
     assert "flash-attention-2" in e.value.fix
+    entry["scaled_from"] = []  # not a name at all (the loader fuzz test's find): the same one-line error
+    with pytest.raises(PlannerError, match=rf"gpu.other_attention_kernels\[{at}\].scaled_from"):
+        cluster_from_dict(data, source="h100.json")
     entry["scaled_from"] = "flash-attention-2"
     del entry["rate_ratio"]
     with pytest.raises(PlannerError, match=rf"gpu.other_attention_kernels\[{at}\].rate_ratio"):

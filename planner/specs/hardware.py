@@ -433,9 +433,10 @@ def _other_attention_kernels(d: Any, source: str, default: AttentionKernel | Non
         if i in tables:
             continue
         section = f"gpu.other_attention_kernels[{i}]"
-        base = by_name.get(k["scaled_from"])
+        name = k["scaled_from"]
+        base = by_name.get(name) if isinstance(name, str) else None
         if base is None:
-            raise PlannerError(f"scaled_from names no kernel table of this profile: {k['scaled_from']!r}",
+            raise PlannerError(f"scaled_from names no kernel table of this profile: {name!r}",
                                source=source, field=f"{section}.scaled_from",
                                fix=f"use one of: {', '.join(by_name) or '(none: add a table first)'}")
         ratio = k.get("rate_ratio")
