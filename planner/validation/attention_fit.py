@@ -58,7 +58,8 @@ TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm")),)
 BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72",)),)
 #: the ratio of a training step's attention to the benchmarked kernel per fitted profile: the profile's GEMM curve
 #: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886); B200 carries
-#: H100's, as no bf16 training row of B200 fits a GEMM curve of its own (its plateau is the published cuBLAS one)
+#: H100's, as no bf16 training row of B200 fits a GEMM curve of its own (its curve is the published cuBLAS plateau
+#: times the same 0.886)
 END_TO_END = {"h100-80gb-sxm": 0.886, "b200-180gb": 0.886}
 
 
