@@ -16,8 +16,9 @@ runs cuDNN's fused attention on Hopper), the others as ``gpu.other_attention_ker
 Blackwell's published cuDNN speeds are causal only at head dim 128 (cudnn-frontend's SDPA training benchmark on
 B200): :func:`fit_causal` fits B200's plateau and row cost per direction on them with the masked-tile cost, the
 causal rate share and the head dimensions' ratio of the Hopper table (:data:`BLACKWELL`); GB200, the same die at a
-higher clock, carries B200's table scaled by the two profiles' bf16 peaks, and its own newer cuDNN's speeds are
-checks.
+higher datasheet clock, carries B200's table scaled by the two profiles' bf16 peaks, and its own newer cuDNN's speeds
+are checks (they run faster still than the scaled table; GB200's GEMM curve, by contrast, runs at B200's rate: the
+same layouts published on both show no clock advantage, hardware_profiles/gb200-nvl72.json).
 """
 
 from __future__ import annotations
@@ -288,7 +289,8 @@ def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> No
             "end_to_end_ratio_source": f"carried from {lender}: no bf16 training row of this GPU fits a GEMM curve"}
         if name != f.profile:
             provenance["carried_from"] = f.profile
-            provenance["note"] = f"same die at a higher clock: plateaus scaled by the bf16 peaks ({scale:.4f})"
+            provenance["note"] = (f"same die: plateaus scaled by the bf16 peaks ({scale:.4f}), which this GPU's own "
+                                  "newer cuDNN speeds exceed (the checks); its GEMM curve runs at the lender's rate")
         path = hardware_profiles_dir() / f"{name}.json"
         data = json.loads(path.read_text())
         data["gpu"]["attention_kernel"] = _section(f.kernel, scale, ratio, provenance)
