@@ -341,12 +341,12 @@ def test_what_the_gpt_oss_rows_miss():
     global batch (512 and 1,280: two and five micro-batches a step) and miss about the same per step (2.09 s and
     2.16 s) while per token it differs 2.4x, so alone they cannot tell a release's gain from a cost paid once per step.
     The archive's other rows of 26.02-26.04.01 (2026-12-06, later) do: at the 4K layouts every Blackwell row, EP 8 in
-    a node or EP 64 over InfiniBand or NVLink, all-to-all or HybridEP, lacks 0.69-0.82 us per token and layer, H100's
-    (PP 4, micro-batch 1) 1.45-1.65 us, about twice; the 25.11 GB200 row at 8K and twenty micro-batches lacks 3.2 s a
-    step but 0.55 us a token and layer. Neither form holds on every row; attention alone would need 6-8x at 4K and
+    a node or EP 64 over InfiniBand or NVLink, all-to-all or HybridEP, lacks 0.65-0.78 us per token and layer, H100's
+    (PP 4, micro-batch 1) 1.36-1.50 us, about twice; the 25.11 GB200 row at 8K and twenty micro-batches lacks 3.0 s a
+    step but 0.50 us a token and layer. Neither form holds on every row; attention alone would need 6-8x at 4K and
     4x at 8K, so it is not the attention kernel's rate (README, 'Where the model is still wrong'). Figures since
-    Blackwell's bf16 GEMM curve carries the training-step ratio and GB200's runs at B200's rate (2026-12-06, the session
-    after: 0.78-0.94 us before)."""
+    Blackwell's bf16 GEMM curve carries the training-step ratio, GB200's runs at B200's rate and the experts' output
+    bias is priced (2026-12-06, the session after: 0.78-0.94 us before)."""
     from planner.validation.compare import attention_gap, missing_time
 
     old, new = missing_time(RUN_BY_ID["MB2511-B200-GPT-OSS-120B-bf16"]), \
@@ -358,12 +358,12 @@ def test_what_the_gpt_oss_rows_miss():
     later = [r for r in oss if not r["id"].startswith("MB2511-")]
     for r in later:
         per = missing_time(r).per_token_layer_s
-        assert (1.45e-6 < per < 1.65e-6) if r["cluster"] == "h100-80gb-sxm" else (0.65e-6 < per < 0.85e-6), r["id"]
+        assert (1.30e-6 < per < 1.55e-6) if r["cluster"] == "h100-80gb-sxm" else (0.60e-6 < per < 0.80e-6), r["id"]
     long = missing_time(RUN_BY_ID["MB2511-GB200-GPT-OSS-120B-bf16"])
-    assert long.step_s > 3.0 and long.per_token_layer_s < 0.6e-6
+    assert long.step_s > 2.8 and long.per_token_layer_s < 0.55e-6
     k_4k = [attention_gap(r)[2] for r in later if r["cluster"] != "h100-80gb-sxm"]
     k_8k = attention_gap(RUN_BY_ID["MB2511-GB200-GPT-OSS-120B-bf16"])[2]
-    assert min(k_4k) > 5.5 and k_8k < 4.5
+    assert min(k_4k) > 5.0 and k_8k < 4.5
 
 
 def test_validate_reports_in_sample_and_out_of_sample_rows_apart():
@@ -463,7 +463,7 @@ def test_the_gap_analysis_scripts_run():
     root = Path(__file__).resolve().parent.parent
     forms = subprocess.run([sys.executable, "analysis/missing_time_forms.py", "MB2511-GB200-GPT-OSS"], cwd=root,
                            capture_output=True, text=True, check=True).stdout
-    assert forms.count("\n") == 1 and "lacks  3.23 s a step" in forms and "0.55 us a token and layer" in forms
+    assert forms.count("\n") == 1 and "lacks  2.98 s a step" in forms and "0.50 us a token and layer" in forms
     gaps = subprocess.run([sys.executable, "analysis/attention_share_gaps.py", "NeMo2403-H100-Llama2-7B-1M"],
                           cwd=root, capture_output=True, text=True, check=True).stdout
     assert gaps.count("\n") == 1 and "needs" in gaps
@@ -471,7 +471,7 @@ def test_the_gap_analysis_scripts_run():
 
 def test_a_model_family_with_runs_of_its_own_in_a_cell_gets_its_own_band():
     """'Runs like this one' within a cell are first the model's own family (its ``model_type``) where it has at least
-    bands.FAMILY_MIN_ROWS published runs there: GPT-OSS on B200 in bf16 takes its ten rows' band (+65%, fast; +81%
+    bands.FAMILY_MIN_ROWS published runs there: GPT-OSS on B200 in bf16 takes its ten rows' band (+60%, fast; +81%
     before 2026-12-06, later), not the cell's mix with DeepSeek-V3 and Qwen3-235B; DeepSeek-V3 there, one run, takes
     the cell's; Qwen3 on Blackwell in fp8 its own 23 rows (about 4%), where the cell, with Nemotron 3 Nano's six
     (+30%), reads 8.4% (2026-12-06)."""
@@ -480,7 +480,7 @@ def test_a_model_family_with_runs_of_its_own_in_a_cell_gets_its_own_band():
     assert FAMILY_MIN_ROWS == 3
     oss = band_for("NVIDIA B200", "bf16", moe=True, model_type="gpt_oss")
     cell = band_for("NVIDIA B200", "bf16", moe=True, model_type="deepseek_v3")
-    assert oss.exact and oss.rows == 10 and "gpt_oss runs" in oss.label and oss.mean_signed_error > 0.6
+    assert oss.exact and oss.rows == 10 and "gpt_oss runs" in oss.label and oss.mean_signed_error > 0.5
     assert cell.rows == 12 and cell.label == "B200, 16-bit, MoE" and cell.mean_abs_error < oss.mean_abs_error
     qwen = band_for("NVIDIA GB200", "mxfp8", moe=True, model_type="qwen3_moe")
     mixed = band_for("NVIDIA GB200", "mxfp8", moe=True)
@@ -499,12 +499,13 @@ def test_a_model_family_with_runs_of_its_own_in_a_cell_gets_its_own_band():
 def test_validate_reports_accuracy_per_model_family():
     """`planner validate --set modern` reports each model family (the config's model_type) apart, in the terminal and
     under ``model_families`` in JSON, so a family the model misses does not hide in the mean: GPT-OSS's 14 rows read
-    72% (2026-12-06) where Llama's 65 read 5%, Qwen3's and DeepSeek-V3's 5%."""
+    72% (2026-12-06; 55% since Blackwell's GEMM curves and the experts' unfused bias, the session after) where
+    Llama's 65 read 5%, Qwen3's and DeepSeek-V3's 5%."""
     r = CliRunner().invoke(app, ["validate", "--set", "modern", "--json"])
     assert r.exit_code == 0, r.output
     fams = json.loads(r.stdout)["modern"]["model_families"]
     assert sum(f["rows"] for f in fams.values()) == json.loads(r.stdout)["modern"]["overall"]["rows"]
-    assert fams["gpt_oss"]["rows"] == 14 and fams["gpt_oss"]["mean_abs_error"] > 0.6
+    assert fams["gpt_oss"]["rows"] == 14 and fams["gpt_oss"]["mean_abs_error"] > 0.5
     assert fams["llama"]["mean_abs_error"] < 0.06 and fams["qwen3_moe"]["mean_abs_error"] < 0.06
     assert fams["deepseek_v3"]["mean_abs_error"] < 0.06
     text = CliRunner().invoke(app, ["validate", "--set", "modern"]).output
@@ -513,11 +514,11 @@ def test_validate_reports_accuracy_per_model_family():
 
 def test_blackwell_gemm_curves_stand_on_the_same_footing_as_hopper_and_gb200_runs_at_b200_rate():
     """Every profile's GEMM curve is a large-GEMM level times the A100 fit's training-step ratio (0.771 / 0.87 =
-    0.886; MI300X's too, with no published run to check it); B200's level is the published cuBLAS 0.74 of its bf16 peak, so its plateau is 0.656 (2026-12-06: it had
-    kept 0.74, which the Blackwell fp8 ratios absorbed while its bf16 rows read fast). GB200, the same die at an 11%
-    higher datasheet peak, runs its GEMMs at B200's rate: the archive's same-layout pairs of Megatron-Bridge 25.11
-    (Llama 3 8B on 8 GPUs) ran 1.029x (fp8) and 1.009x (mxfp8) B200's tokens/s on GB200, which the model now reads
-    within 2.5 points (it read 1.094x at the datasheet ratio)."""
+    0.886; MI300X's too, with no published run to check it); B200's level is the published cuBLAS 0.74 of its bf16
+    peak, so its plateau is 0.656 (2026-12-06: it had kept 0.74, which the Blackwell fp8 ratios absorbed while its
+    bf16 rows read fast). GB200, the same die at an 11% higher datasheet peak, runs its GEMMs at B200's rate: the
+    archive's same-layout pairs of Megatron-Bridge 25.11 (Llama 3 8B on 8 GPUs) ran 1.029x (fp8) and 1.009x (mxfp8)
+    B200's tokens/s on GB200, which the model now reads within 2.5 points (it read 1.094x at the datasheet ratio)."""
     from planner.specs.hardware import load_cluster
 
     h100, b200, gb200, mi300x = (load_cluster(n).gpu for n in ("h100-80gb-sxm", "b200-180gb", "gb200-nvl72",

@@ -666,3 +666,23 @@ def test_the_overlaps_paired_micro_batch_fills_the_issue_gaps_by_hand():
         lc = layer_costs(model, h100, other, g, MOE_LAYER)
         assert float(lc.fwd_s + lc.bwd_input_s + lc.bwd_weight_s) == pytest.approx(
             float(per_op.fwd_s + per_op.bwd_input_s + per_op.bwd_weight_s))
+
+
+def test_biased_experts_pay_megatrons_unfused_output_bias():
+    """gpt-oss's experts carry biases. Megatron-Core's TEGroupedMLP runs the second grouped GEMM with skip_bias_add and
+    adds each local expert's bias, weighted by its copies' routing probabilities, in a Python loop over the experts
+    (megatron/core/transformer/moe/experts.py, _apply_bias, core_v0.15.0-0.18.0): in bf16, 12 B per element of the
+    k token copies forward and 12 B backward; the first GEMM's bias rides Transformer Engine's GEMM epilogue. A model
+    without expert biases has no such pass."""
+    from planner.cost.compute import EXPERT_BIAS_BWD_BYTES, EXPERT_BIAS_FWD_BYTES
+    from planner.validation.compare import modern_model_ref
+
+    oss = load_model(modern_model_ref({"model": "models/gpt-oss-120b.json"}))
+    assert oss.mlp_bias and (EXPERT_BIAS_FWD_BYTES, EXPERT_BIAS_BWD_BYTES) == (12, 12)
+    cfg = RunConfig(num_gpus=64, ep=8, micro_batch_size=4, seq_len=4096, global_batch_size=1280)
+    op = {o.name: o for o in layer_ops(oss, cfg, MOE_LAYER)}["experts_out_bias"]
+    tokens = 4 * 4096
+    assert op.hbm_bytes == pytest.approx(12 * tokens * oss.experts_per_token * oss.hidden_size)
+    assert op.bwd_ratio == pytest.approx(1.0) and op.recompute_module == "moe"
+    plain = load_model("mixtral-8x7b")
+    assert not plain.mlp_bias and "experts_out_bias" not in {o.name for o in layer_ops(plain, cfg, MOE_LAYER)}

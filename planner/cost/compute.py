@@ -281,6 +281,17 @@ def cross_attention_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     return ops
 
 
+#: HBM bytes per element of the routed experts' output (the k token copies of width h) that Megatron-Core moves adding
+#: the second expert GEMM's bias outside the grouped GEMM (megatron/core/transformer/moe/experts.py,
+#: TEGroupedMLP._apply_bias, core_v0.15.0 to core_v0.18.0: linear_fc2 runs with skip_bias_add, then per local expert
+#: ``t + b * p`` over its rows, concatenated; bf16, as the router's probabilities are without moe_router_dtype):
+#: forward b * p written (2 B), the sum reading t and it and writing (6 B), the concatenation read and written (4 B);
+#: backward the gradients of b and p, each a product written and read back for its reduction beside the gradient
+#: read (2 x 6 B). The first GEMM's bias is Transformer Engine's GroupedLinear epilogue (no pass of its own)
+EXPERT_BIAS_FWD_BYTES = 2 + 6 + 4
+EXPERT_BIAS_BWD_BYTES = 2 * 6
+
+
 def moe_load(cfg: Config):
     """The busiest expert-parallel rank's routed token copies over the mean (``RunConfig.moe_load_factor``), where
     experts are split over ranks (EP > 1); 1 without EP, where every rank holds every expert and computes all of
@@ -318,6 +329,10 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         ops += [_grouped(op, per_expert) for op in
                 _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe", **issue)
                 + _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", **issue)]
+        if model.mlp_bias:  # biased experts (gpt-oss): the second GEMM's bias, weighted by each copy's probability
+            ops.append(Op("experts_out_bias", "memory", hbm_bytes=EXPERT_BIAS_FWD_BYTES * local * m_e * h,
+                          bwd_ratio=EXPERT_BIAS_BWD_BYTES / EXPERT_BIAS_FWD_BYTES, weight_grad_fraction=0.0,
+                          recompute_module="moe"))
         if model.num_shared_experts:  # DeepSeekMoE: shared experts see every token, a dense MLP of width n_s * f
             f_sh = f * model.num_shared_experts
             ops += _linear("shared_experts_in", T, h, (n_mats - 1) * f_sh / t, cfg, module="moe")

@@ -45,7 +45,8 @@ GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 #: the value unfitted, stack, rows by dispatcher). The Blackwell pair shares one value: the same Megatron-Core /
 #: Transformer Engine path issues the expert GEMMs on either host; H800 does not carry H100's value: its one MoE row
 #: runs DeepSeek's own HAI-LLM, not that path; bf16 is not fitted: its only MoE rows that the value moves are
-#: GPT-OSS's, whose gap has causes the model lacks (attention sinks, biased experts, the clamped activation; README).
+#: GPT-OSS's, whose gap has causes the model lacks (attention sinks, the biased experts' host loop, the clamped
+#: activation; README).
 #: Each stack release is fitted on the rows that ran it: megatron-core's values (the current release, in the hardware
 #: profiles) on the rows of the other containers, megatron-core-25.11's (in its stack file) on the NeMo 25.11 and
 #: 26.02 rows, whose dropless path issued expert GEMMs more slowly (stacks/megatron-core-25.11.json says how that was
