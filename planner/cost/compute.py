@@ -302,7 +302,8 @@ def moe_load(cfg: Config):
 
 def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
     """The feed-forward half of a layer: a dense MLP split by TP ("mlp" recomputes it), or the router, the routed
-    experts (grouped GEMMs over the local experts) and the shared experts, all of which "moe" recomputes."""
+    experts (grouped GEMMs over the local experts; with expert biases, Megatron-Core's unfused pass adding the second
+    GEMM's, :data:`EXPERT_BIAS_FWD_BYTES`) and the shared experts, all of which "moe" recomputes."""
     T, t, h = cfg.tokens_per_rank, cfg.tp, model.hidden_size
     n_mats = 3 if model.gated_mlp else 2
     ops: list[Op] = []
