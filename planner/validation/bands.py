@@ -116,8 +116,8 @@ def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False, cp_kind
     the model's own family (``model_type``) in that cell where it has one."""
     bands = _load()
     family, prec, kind = gpu_family(gpu_name), precision_class(precision), kind_label(moe, cp, cp_kind, vision)
-    own = [b["model_families"][model_type] for b in bands if (b["gpu"], b["precision"], b["kind"]) ==
-           (family, prec, kind) and model_type in b.get("model_families", {})]
+    cell = [b for b in bands if (b["gpu"], b["precision"], b["kind"]) == (family, prec, kind)]
+    own = [b["model_families"][model_type] for b in cell if model_type in b.get("model_families", {})]
     if own:
         return Band(f"{family}, {prec}, {kind}, {model_type} runs", own[0]["mean_abs_error"], len(own[0]["rows"]),
                     True, own[0]["mean_signed_error"])
@@ -132,8 +132,7 @@ def band_for(gpu_name: str, precision: str, moe: bool, cp: bool = False, cp_kind
 
     modern = [b for b in bands if b["gpu"] != "A100"]
     for cells, label, exact in (
-            ([b for b in bands if (b["gpu"], b["precision"], b["kind"]) == (family, prec, kind)],
-             f"{family}, {prec}, {kind}", True),
+            (cell, f"{family}, {prec}, {kind}", True),
             ([b for b in bands if (b["gpu"], b["precision"]) == (family, prec)], f"{family}, {prec}", False),
             ([b for b in modern if b["precision"] == prec and b["kind"] == kind], f"any GPU, {prec}, {kind}", False),
             (modern, "every modern run", False)):
