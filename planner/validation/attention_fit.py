@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +56,12 @@ REFERENCE = {"head_dim": 128, "keys": 4096}
 TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm")),)
 #: Blackwell: (profile fitted on causal rows, its kernel, the profile whose fitted table lends the costs the causal
 #: rows cannot separate, profiles of the same die that carry the table scaled by their bf16 peak)
-BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72",)),)
+BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72", "gb300-nvl72")),)
+#: Blackwell Ultra: profile -> the Blackwell profile whose speeds its own are measured against. Its dense BF16 rate is
+#: GB200's, but its doubled softmax exponent units run attention faster than that peak says; per direction, the
+#: geometric mean of its published speed over the other's at the same cuDNN release and shapes (the rows marked
+#: "ratio", each naming its pair in ``ratio_to``) scales the table further (:func:`ultra_ratios`)
+ULTRA = {"gb300-nvl72": "gb200-nvl72"}
 #: the ratio of a training step's attention to the benchmarked kernel per fitted profile: the profile's GEMM curve
 #: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886); B200 carries
 #: H100's, as no bf16 training row of B200 fits a GEMM curve of its own (its curve is the published cuBLAS plateau
@@ -198,14 +203,18 @@ def reference_efficiency(kernel: AttentionKernel, peak_flops: float) -> float:
     return (1.0 + FLASH_ATTN_BWD_RATIO) / sum(times) / peak_flops
 
 
-def _section(kernel: AttentionKernel, scale: float, ratio: float, provenance: dict) -> dict:
+def _section(kernel: AttentionKernel, scale: float, ratio: float, provenance: dict,
+             bwd_scale: float | None = None) -> dict:
+    """A profile's ``attention_kernel`` entry: ``kernel`` at ``scale`` times its plateau rates (``bwd_scale`` for the
+    backward's, where it differs)."""
+    bwd_scale = scale if bwd_scale is None else bwd_scale
     return {
         "kernel": kernel.name,
         "tile_tokens": kernel.tile_tokens,
         "head_dims": list(kernel.head_dims),
         "forward": {"plateau_tflops": [round(v * scale / TFLOPS, 1) for v in kernel.fwd_plateau_flops],
                     "row_overhead_tiles": list(kernel.fwd_row_overhead_tiles)},
-        "backward": {"plateau_tflops": [round(v * scale / TFLOPS, 1) for v in kernel.bwd_plateau_flops],
+        "backward": {"plateau_tflops": [round(v * bwd_scale / TFLOPS, 1) for v in kernel.bwd_plateau_flops],
                      "row_overhead_tiles": list(kernel.bwd_row_overhead_tiles)},
         "masked_tile_extra": kernel.masked_tile_extra,
         "causal_plateau_ratio": kernel.causal_plateau_ratio,
@@ -259,9 +268,40 @@ def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...]) -> Non
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _scaled(kernel: AttentionKernel, scale: float) -> AttentionKernel:
-    """``kernel`` at ``scale`` times its plateau rates (the same die at another clock)."""
-    return derived_attention_kernel(kernel, kernel.name, scale)
+def _scaled(kernel: AttentionKernel, scale: float, bwd_scale: float | None = None) -> AttentionKernel:
+    """``kernel`` at ``scale`` times its plateau rates (the same die at another clock; ``bwd_scale`` for the
+    backward's, where it differs)."""
+    out = derived_attention_kernel(kernel, kernel.name, scale)
+    if bwd_scale is None:
+        return out
+    return replace(out, bwd_plateau_flops=tuple(v * bwd_scale for v in kernel.bwd_plateau_flops))
+
+
+def ultra_ratios(profile: str, rows: list[dict]) -> tuple[float, float]:
+    """(forward, backward) speed of ``profile``'s attention over that of the profile it is measured against
+    (:data:`ULTRA`): per direction, the geometric mean over the "ratio" rows' lengths of row / paired row; (1, 1)
+    for a profile without such rows."""
+    by_id = {r["id"]: r for r in rows}
+    logs: dict[bool, list[float]] = {False: [], True: []}
+    for r in rows:
+        if r["profile"] != profile or r["use"] != "ratio":
+            continue
+        base = by_id[r["ratio_to"]]
+        if base["profile"] != ULTRA[profile] or base["seq_lens"] != r["seq_lens"] or \
+                base["direction"] != r["direction"] or base["head_dim"] != r["head_dim"]:
+            raise ValueError(f"attention row {r['id']}: ratio_to {base['id']} is not the same shape on "
+                             f"{ULTRA[profile]}")
+        logs[r["direction"] == "backward"] += list(np.log(np.asarray(r["tflops"], float) /
+                                                          np.asarray(base["tflops"], float)))
+    return tuple(float(np.exp(np.mean(logs[b]))) if logs[b] else 1.0 for b in (False, True))
+
+
+def carried_scales(profile: str, lender: str, rows: list[dict]) -> tuple[float, float]:
+    """(forward, backward) plateau scale of ``lender``'s fitted table in ``profile``: the two bf16 peaks' ratio,
+    times Blackwell Ultra's measured attention gain (:func:`ultra_ratios`)."""
+    peak = peak_scale(profile, lender)
+    fwd, bwd = ultra_ratios(profile, rows) if profile in ULTRA else (1.0, 1.0)
+    return peak * fwd, peak * bwd
 
 
 def peak_scale(profile: str, carried_from: str) -> float:
@@ -277,7 +317,7 @@ def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> No
     ratio = END_TO_END[f.profile]
     fit_err = [e for r in rows if r["id"] in f.rows for e in row_errors(f.kernel, r)]
     for name in (f.profile,) + scaled_to:
-        scale = 1.0 if name == f.profile else peak_scale(name, f.profile)
+        scale, bwd_scale = (1.0, 1.0) if name == f.profile else carried_scales(name, f.profile, rows)
         provenance = {
             "fitted_on": list(f.rows),
             "method": "planner/validation/attention_fit.py fit_causal: per direction, plateau and row cost least-squares "
@@ -285,15 +325,26 @@ def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> No
                       f"head dimensions' ratios of plateau and row cost to head dim 128 carried from {lender}'s fitted "
                       "table",
             "fit_error": _pct(fit_err),
-            "independent_check_error": _check_error(_scaled(f.kernel, scale), rows, name),
+            "independent_check_error": _check_error(_scaled(f.kernel, scale, bwd_scale), rows, name),
             "end_to_end_ratio_source": f"carried from {lender}: no bf16 training row of this GPU fits a GEMM curve"}
-        if name != f.profile:
+        if name in ULTRA:
+            base = ULTRA[name]
+            fwd_u, bwd_u = ultra_ratios(name, rows)
+            provenance["carried_from"] = f.profile
+            provenance["note"] = (
+                f"Blackwell Ultra: {base}'s table (the B200 fit scaled by the bf16 peaks, {peak_scale(name, f.profile):.4f})"
+                f" times the measured speed of this GPU's attention over {base}'s at the same cuDNN release and shapes,"
+                f" forward {fwd_u:.4f} and backward {bwd_u:.4f} (geometric means over the rows "
+                + ", ".join(r["id"] for r in rows if r["profile"] == name and r["use"] == "ratio")
+                + "; planner.validation.attention_fit.ultra_ratios): its doubled softmax exponent units at the same "
+                "dense BF16 rate")
+        elif name != f.profile:
             provenance["carried_from"] = f.profile
             provenance["note"] = (f"same die: plateaus scaled by the bf16 peaks ({scale:.4f}), which this GPU's own "
                                   "newer cuDNN speeds exceed (the checks); its GEMM curve runs at the lender's rate")
         path = hardware_profiles_dir() / f"{name}.json"
         data = json.loads(path.read_text())
-        data["gpu"]["attention_kernel"] = _section(f.kernel, scale, ratio, provenance)
+        data["gpu"]["attention_kernel"] = _section(f.kernel, scale, ratio, provenance, bwd_scale)
         data["gpu"].pop("other_attention_kernels", None)
         # the single efficiency (profiles without a table use it) is the table's at the reference shape
         level = reference_efficiency(f.kernel, load_cluster(f.profile).gpu.peak_flops) * ratio
@@ -347,8 +398,11 @@ def main() -> None:
         print(f"{profile}: {k.name} fitted on its causal rows, costs carried from {lender}")
         _print_table(k)
         for other in (profile,) + scaled_to:
-            _print_rows(k if other == profile else _scaled(k, peak_scale(other, profile)),
-                        [r for r in rows if r["profile"] == other and r["kernel"] == name])
+            _print_rows(k if other == profile else _scaled(k, *carried_scales(other, profile, rows)),
+                        [r for r in rows if r["profile"] == other and r["kernel"] == name and r["use"] != "ratio"])
+            if other in ULTRA:
+                fwd_u, bwd_u = ultra_ratios(other, rows)
+                print(f"  {other}: attention {fwd_u:.4f} x forward, {bwd_u:.4f} x backward of {ULTRA[other]}'s")
         _print_reference(k, profile)
         if args.write:
             write_blackwell(f, lender, scaled_to)
