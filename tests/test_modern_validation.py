@@ -538,3 +538,28 @@ def test_blackwell_gemm_curves_stand_on_the_same_footing_as_hopper_and_gb200_run
         assert RUN_BY_ID[b.id]["layout"] == RUN_BY_ID[g.id]["layout"]
         measured, modelled = g.measured / b.measured, g.estimated / b.estimated
         assert measured < 1.03 and abs(modelled - measured) < 0.025, (precision, measured, modelled)
+
+
+def test_blackwell_ultra_rows_are_held_out_and_read_as_the_readme_says():
+    """The sixteen GB300 rows of Megatron-Bridge 26.04 and 26.04.01 (docs/performance-summary-archive.md @ 067f987d;
+    presets at v0.4.0 / v0.4.1) check a profile built from datasheet figures and values carried from B200 / GB200:
+    no fitted number is chosen on them. What they say, restated: the transformer MoE rows hold (Qwen3 within 6%,
+    DeepSeek-V3 -8%), Nemotron 3 Nano is as fast in the model as on GB200 (+28% there, +35% here), and the dense Llama
+    rows read 10-15% slow, where GB300 ran Llama 3 70B's fp8 layout 1.24-1.27x GB200's speed and the model, at
+    Blackwell Ultra's datasheet rate (1.11x) with its faster attention, says 1.11x."""
+    from planner.validation.fit import fitted_row_ids
+
+    gb300 = {i: r for i, r in ROWS.items() if RUN_BY_ID[i]["cluster"] == "gb300-nvl72"}
+    assert len(gb300) == 16 and all(r.estimated is not None for r in gb300.values())
+    assert not set(gb300) & fitted_row_ids()
+    assert all("B300 / GB300" in r.groups and RUN_BY_ID[i].get("held_out") for i, r in gb300.items())
+    dense = [r.error for i, r in gb300.items() if "Llama" in i]
+    assert len(dense) == 8 and -0.16 < min(dense) and max(dense) < -0.09
+    for key, lo, hi in (("Qwen3", -0.07, 0.07), ("DeepSeekV3", -0.09, -0.06), ("Nemotron3Nano", 0.30, 0.40)):
+        errs = [r.error for i, r in gb300.items() if key in i]
+        assert len(errs) == (4 if key == "Qwen3" else 2) and all(lo < e < hi for e in errs), (key, errs)
+    for rel in ("2604", "260401"):
+        same_layout = (RUN_BY_ID[f"MB{rel}-GB300-Llama3-70B-fp8"]["measured_tokens_per_s_per_gpu"]
+                       / RUN_BY_ID[f"MB{rel}-GB200-Llama3-70B-fp8"]["measured_tokens_per_s_per_gpu"])
+        model = ROWS[f"MB{rel}-GB300-Llama3-70B-fp8"].estimated / ROWS[f"MB{rel}-GB200-Llama3-70B-fp8"].estimated
+        assert 1.23 < same_layout < 1.28 and 1.09 < model < 1.13

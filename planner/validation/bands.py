@@ -49,7 +49,8 @@ class Band:
 def gpu_family(gpu_name: str) -> str | None:
     name = gpu_name.upper()
     for key, family in (("A100", "A100"), ("H100", "H100 / H200 / H800"), ("H200", "H100 / H200 / H800"),
-                        ("H800", "H100 / H200 / H800"), ("GB200", "B200"), ("B200", "B200")):
+                        ("H800", "H100 / H200 / H800"), ("GB200", "B200"), ("B200", "B200"),
+                        ("GB300", "B300 / GB300"), ("B300", "B300 / GB300")):
         if key in name:
             return family
     return None

@@ -84,7 +84,7 @@ def validate(runs: list[dict] | None = None) -> list[ValidationRow]:
 MODERN_FILE = Path(__file__).with_name("modern_runs.json")
 #: accuracy groups of the modern set (a row may be in several), in report order
 GROUPS = ("dense bf16", "fp8", "MoE", "hybrid (Mamba)", "FSDP / ZeRO-3", "long context", "context parallel",
-          "H100 / H200 / H800", "B200")
+          "H100 / H200 / H800", "B200", "B300 / GB300")
 #: from this sequence length on a run counts as long context
 LONG_CONTEXT_TOKENS = 32768
 
@@ -149,6 +149,8 @@ def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
         out.append("H100 / H200 / H800")
     if gpu.startswith(("B200", "GB200")):
         out.append("B200")
+    if gpu.startswith(("B300", "GB300")):
+        out.append("B300 / GB300")
     return tuple(out)
 
 
