@@ -458,6 +458,12 @@ def test_blackwell_ultra_attention_is_gb200s_times_the_published_same_release_sp
         assert gb300.plateau_flops(hd, backward=True) / gb200.plateau_flops(hd, backward=True) == \
             pytest.approx(bwd, rel=2e-3)
     assert gb300.fwd_row_overhead_tiles == gb200.fwd_row_overhead_tiles
+    # the HGX B300, the same Blackwell Ultra die without a measured pair of its own, carries GB300's gain over B200's
+    assert attention_fit.ultra_ratios("b300-288gb", rows) == (fwd, bwd)
+    b200, b300 = load_cluster("b200-180gb").gpu.attention_kernel, load_cluster("b300-288gb").gpu.attention_kernel
+    assert b300.plateau_flops(128) / b200.plateau_flops(128) == pytest.approx(fwd, rel=2e-3)
+    assert b300.plateau_flops(128, backward=True) / b200.plateau_flops(128, backward=True) == \
+        pytest.approx(bwd, rel=2e-3)
 
 
 def test_a_ratio_row_must_pair_with_the_same_shape_on_the_other_gpu():

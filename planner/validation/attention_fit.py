@@ -56,12 +56,15 @@ REFERENCE = {"head_dim": 128, "keys": 4096}
 TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm")),)
 #: Blackwell: (profile fitted on causal rows, its kernel, the profile whose fitted table lends the costs the causal
 #: rows cannot separate, profiles of the same die that carry the table scaled by their bf16 peak)
-BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72", "gb300-nvl72")),)
+BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72", "gb300-nvl72", "b300-288gb")),)
 #: Blackwell Ultra: profile -> the Blackwell profile whose speeds its own are measured against. Its dense BF16 rate is
 #: GB200's, but its doubled softmax exponent units run attention faster than that peak says; per direction, the
 #: geometric mean of its published speed over the other's at the same cuDNN release and shapes (the rows marked
 #: "ratio", each naming its pair in ``ratio_to``) scales the table further (:func:`ultra_ratios`)
-ULTRA = {"gb300-nvl72": "gb200-nvl72"}
+ULTRA = {"gb300-nvl72": "gb200-nvl72", "b300-288gb": "b200-180gb"}
+#: Blackwell Ultra profiles without a measured pair of their own, and the one whose measured gain they carry (the HGX
+#: B300 is the GB300's die: the same exponent units over the same tensor cores)
+ULTRA_CARRIED = {"b300-288gb": "gb300-nvl72"}
 #: the ratio of a training step's attention to the benchmarked kernel per fitted profile: the profile's GEMM curve
 #: ratio of fitted plateau to raw cuBLAS plateau (h100-80gb-sxm's matmul_efficiency source: 0.886); B200 carries
 #: H100's, as no bf16 training row of B200 fits a GEMM curve of its own (its curve is the published cuBLAS plateau
@@ -281,6 +284,8 @@ def ultra_ratios(profile: str, rows: list[dict]) -> tuple[float, float]:
     """(forward, backward) speed of ``profile``'s attention over that of the profile it is measured against
     (:data:`ULTRA`): per direction, the geometric mean over the "ratio" rows' lengths of row / paired row; (1, 1)
     for a profile without such rows."""
+    if profile in ULTRA_CARRIED:
+        return ultra_ratios(ULTRA_CARRIED[profile], rows)
     by_id = {r["id"]: r for r in rows}
     logs: dict[bool, list[float]] = {False: [], True: []}
     for r in rows:
@@ -328,15 +333,15 @@ def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> No
             "independent_check_error": _check_error(_scaled(f.kernel, scale, bwd_scale), rows, name),
             "end_to_end_ratio_source": f"carried from {lender}: no bf16 training row of this GPU fits a GEMM curve"}
         if name in ULTRA:
-            base = ULTRA[name]
+            base, measured = ULTRA[name], ULTRA_CARRIED.get(name, name)
             fwd_u, bwd_u = ultra_ratios(name, rows)
             provenance["carried_from"] = f.profile
             provenance["note"] = (
                 f"Blackwell Ultra: {base}'s table (the B200 fit scaled by the bf16 peaks, {peak_scale(name, f.profile):.4f})"
-                f" times the measured speed of this GPU's attention over {base}'s at the same cuDNN release and shapes,"
-                f" forward {fwd_u:.4f} and backward {bwd_u:.4f} (geometric means over the rows "
-                + ", ".join(r["id"] for r in rows if r["profile"] == name and r["use"] == "ratio")
-                + "; planner.validation.attention_fit.ultra_ratios): its doubled softmax exponent units at the same "
+                f" times the measured speed of {measured}'s attention over {ULTRA[measured]}'s at the same cuDNN release"
+                f" and shapes, forward {fwd_u:.4f} and backward {bwd_u:.4f} (geometric means over the rows "
+                + ", ".join(r["id"] for r in rows if r["profile"] == measured and r["use"] == "ratio")
+                + "; planner.validation.attention_fit.ultra_ratios): the doubled softmax exponent units at the same "
                 "dense BF16 rate")
         elif name != f.profile:
             provenance["carried_from"] = f.profile

@@ -36,11 +36,11 @@ from planner.validation.compare import evaluate_modern_run, load_modern_runs, mo
 
 #: (profile fitted, precision, profiles of the same die that carry the value unfitted)
 TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
-           ("b200-180gb", "fp8", ("gb200-nvl72", "gb300-nvl72")),
-           ("b200-180gb", "mxfp8", ("gb200-nvl72", "gb300-nvl72")))
-#: profiles that carry another die's values (:data:`TARGETS`, :data:`CALL_TARGETS`), and why: Blackwell Ultra (GB300)
-#: keeps the B200 die's dense BF16 / FP8 tensor-core rate (hardware_profiles/gb300-nvl72.json, precision_source)
-NOT_SAME_DIE = {"gb300-nvl72": "Blackwell Ultra: the same dense FP8 tensor-core rate"}
+           ("b200-180gb", "fp8", ("gb200-nvl72", "gb300-nvl72", "b300-288gb")),
+           ("b200-180gb", "mxfp8", ("gb200-nvl72", "gb300-nvl72", "b300-288gb")))
+#: profiles that carry another die's values (:data:`TARGETS`, :data:`CALL_TARGETS`), and why: Blackwell Ultra (GB300,
+#: B300) is another die than B200's, whose values it carries until runs of its own are fitted
+NOT_SAME_DIE = {name: "Blackwell Ultra (the B300 die, not B200's)" for name in ("gb300-nvl72", "b300-288gb")}
 #: ratios tried (the grid's step is the fit's resolution)
 GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 
@@ -58,8 +58,8 @@ GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 #: rows without expert parallelism): the same containers ran the all-to-all layouts no faster in 26.02.01-26.04.01
 #: than in 26.02 while the flex layouts sped up (README, "On H100 the slow issue follows the dispatcher")
 ALLTOALL, OTHERS, EVERY = "alltoall", "others", "every"
-CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72",), DEFAULT_STACK, OTHERS),
-                (("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72",), DEFAULT_STACK, ALLTOALL),
+CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72", "b300-288gb"), DEFAULT_STACK, OTHERS),
+                (("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72", "b300-288gb"), DEFAULT_STACK, ALLTOALL),
                 (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK, OTHERS),
                 (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK, ALLTOALL),
                 (("b200-180gb", "gb200-nvl72"), "mxfp8", (), "megatron-core-25.11", EVERY),
@@ -374,10 +374,10 @@ def _store(f: Fit, carried_to: tuple[str, ...], section: str, entry: dict, share
     fitted profile in those that carry the value (same die)."""
     fitted = tuple(f.profile.split("+"))
     for name in fitted + carried_to:
-        kin = NOT_SAME_DIE.get(name, "same die")
+        why = (f"{NOT_SAME_DIE[name]}, carrying the {shared} of {f.profile}" if name in NOT_SAME_DIE else
+               f"same die and {shared} as {f.profile}")
         e = dict(entry) if name in fitted else {
-            "value": f.value, "carried_from": f.profile,
-            "why": f"{kin} and {shared} as {f.profile}; not fitted on this GPU's runs"}
+            "value": f.value, "carried_from": f.profile, "why": f"{why}; not fitted on this GPU's runs"}
 
         def put(data: dict, e=e) -> None:
             data["gpu"].setdefault(section, {})[f.precision] = e
