@@ -541,8 +541,8 @@ def test_blackwell_gemm_curves_stand_on_the_same_footing_as_hopper_and_gb200_run
 
 
 def test_blackwell_ultra_rows_are_held_out_and_read_as_the_readme_says():
-    """The sixteen GB300 rows (and nine HGX B300 ones) of Megatron-Bridge 26.04 and 26.04.01 (docs/performance-summary-archive.md @ 067f987d;
-    presets at v0.4.0 / v0.4.1) check a profile built from datasheet figures and values carried from B200 / GB200:
+    """The sixteen GB300 rows (and nine HGX B300 ones) of Megatron-Bridge 26.04 and 26.04.01
+    (docs/performance-summary-archive.md @ 067f987d; presets at v0.4.0 / v0.4.1) check a profile built from datasheet figures and values carried from B200 / GB200:
     no fitted number is chosen on them. What they say, restated: the transformer MoE rows hold (Qwen3 within 6%,
     DeepSeek-V3 -8%), Nemotron 3 Nano is as fast in the model as on GB200 (+28% there, +35% here), and the dense Llama
     rows read 10-15% slow, where GB300 ran Llama 3 70B's fp8 layout 1.24-1.27x GB200's speed and the model, at
@@ -563,9 +563,9 @@ def test_blackwell_ultra_rows_are_held_out_and_read_as_the_readme_says():
     b300 = {i: r for i, r in ROWS.items() if RUN_BY_ID[i]["cluster"] == "b300-288gb"}
     assert len(b300) == 9 and not set(b300) & fitted_row_ids()
     assert all("B300 / GB300" in r.groups and RUN_BY_ID[i].get("held_out") for i, r in b300.items())
-    for key, lo, hi in (("DeepSeekV3", -0.02, 0.03), ("Qwen3-30B", 0.02, 0.06), ("MB2604-B300-Qwen3-235B", 0.02, 0.07),
-                        ("MB260401-B300-Qwen3-235B", -0.17, -0.12), ("Nemotron3Nano", 0.33, 0.39),
-                        ("GPT-OSS", 0.52, 0.59)):
+    for key, lo, hi in (("DeepSeekV3", -0.02, 0.03), ("Qwen3-30B", 0.02, 0.06),
+                        ("MB2604-B300-Qwen3-235B", 0.02, 0.07), ("MB260401-B300-Qwen3-235B", -0.17, -0.12),
+                        ("Nemotron3Nano", 0.33, 0.39), ("GPT-OSS", 0.52, 0.59)):
         errs = [r.error for i, r in b300.items() if key in i]
         assert errs and all(lo < e < hi for e in errs), (key, errs)
     # the same DeepSeek-V3 preset on both (26.04: PP 16, EP 8): B300 ran 1.11x B200, the model says 1.04x

@@ -57,10 +57,10 @@ TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm")),)
 #: Blackwell: (profile fitted on causal rows, its kernel, the profile whose fitted table lends the costs the causal
 #: rows cannot separate, profiles of the same die that carry the table scaled by their bf16 peak)
 BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72", "gb300-nvl72", "b300-288gb")),)
-#: Blackwell Ultra: profile -> the Blackwell profile whose speeds its own are measured against. Its dense BF16 rate is
-#: GB200's, but its doubled softmax exponent units run attention faster than that peak says; per direction, the
-#: geometric mean of its published speed over the other's at the same cuDNN release and shapes (the rows marked
-#: "ratio", each naming its pair in ``ratio_to``) scales the table further (:func:`ultra_ratios`)
+#: Blackwell Ultra: profile -> the Blackwell profile whose speeds its own are measured against. Its doubled softmax
+#: exponent units run attention faster than its bf16 peak says; per direction, the geometric mean of its published
+#: speed over the other's at the same cuDNN release and shapes (the rows marked "ratio", each naming its pair in
+#: ``ratio_to``) scales the table further (:func:`ultra_ratios`)
 ULTRA = {"gb300-nvl72": "gb200-nvl72", "b300-288gb": "b200-180gb"}
 #: Blackwell Ultra profiles without a measured pair of their own, and the one whose measured gain they carry (the HGX
 #: B300 is the GB300's die: the same exponent units over the same tensor cores)
@@ -336,10 +336,11 @@ def write_blackwell(f: KernelFit, lender: str, scaled_to: tuple[str, ...]) -> No
             base, measured = ULTRA[name], ULTRA_CARRIED.get(name, name)
             fwd_u, bwd_u = ultra_ratios(name, rows)
             provenance["carried_from"] = f.profile
+            peaks = peak_scale(name, f.profile)
             provenance["note"] = (
-                f"Blackwell Ultra: {base}'s table (the B200 fit scaled by the bf16 peaks, {peak_scale(name, f.profile):.4f})"
-                f" times the measured speed of {measured}'s attention over {ULTRA[measured]}'s at the same cuDNN release"
-                f" and shapes, forward {fwd_u:.4f} and backward {bwd_u:.4f} (geometric means over the rows "
+                f"Blackwell Ultra: {base}'s table (the B200 fit scaled by the bf16 peaks, {peaks:.4f}) times the "
+                f"measured speed of {measured}'s attention over {ULTRA[measured]}'s at the same cuDNN release and "
+                f"shapes, forward {fwd_u:.4f} and backward {bwd_u:.4f} (geometric means over the rows "
                 + ", ".join(r["id"] for r in rows if r["profile"] == measured and r["use"] == "ratio")
                 + "; planner.validation.attention_fit.ultra_ratios): the doubled softmax exponent units at the same "
                 "dense BF16 rate")
