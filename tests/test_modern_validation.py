@@ -542,10 +542,10 @@ def test_blackwell_gemm_curves_stand_on_the_same_footing_as_hopper_and_gb200_run
 
 def test_blackwell_ultra_rows_are_held_out_and_read_as_the_readme_says():
     """The sixteen GB300 rows (and nine HGX B300 ones) of Megatron-Bridge 26.04 and 26.04.01
-    (docs/performance-summary-archive.md @ 067f987d; presets at v0.4.0 / v0.4.1) check a profile built from datasheet figures and values carried from B200 / GB200:
-    no fitted number is chosen on them. What they say, restated: the transformer MoE rows hold (Qwen3 within 6%,
-    DeepSeek-V3 -8%), Nemotron 3 Nano is as fast in the model as on GB200 (+28% there, +35% here), and the dense Llama
-    rows read 10-15% slow, where GB300 ran Llama 3 70B's fp8 layout 1.24-1.27x GB200's speed and the model, at
+    (docs/performance-summary-archive.md @ 067f987d; presets at v0.4.0 / v0.4.1) check profiles built from datasheet
+    figures and values carried from B200 / GB200: no fitted number is chosen on them. What they say, restated: the
+    transformer MoE rows hold (Qwen3 within 7%, DeepSeek-V3 -7% to -8% on GB300, +0.4% on B300), Nemotron 3 Nano is
+    as fast in the model as on GB200 (+28% to +33% there, +35% here), and the dense Llama rows read 10-16% slow, where GB300 ran Llama 3 70B's fp8 layout 1.24-1.27x GB200's speed and the model, at
     Blackwell Ultra's datasheet rate (1.11x) with its faster attention, says 1.11x."""
     from planner.validation.fit import fitted_row_ids
 
