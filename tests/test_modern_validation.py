@@ -545,8 +545,9 @@ def test_blackwell_ultra_rows_are_held_out_and_read_as_the_readme_says():
     (docs/performance-summary-archive.md @ 067f987d; presets at v0.4.0 / v0.4.1) check profiles built from datasheet
     figures and values carried from B200 / GB200: no fitted number is chosen on them. What they say, restated: the
     transformer MoE rows hold (Qwen3 within 7%, DeepSeek-V3 -7% to -8% on GB300, +0.4% on B300), Nemotron 3 Nano is
-    as fast in the model as on GB200 (+28% to +33% there, +35% here), and the dense Llama rows read 10-16% slow, where GB300 ran Llama 3 70B's fp8 layout 1.24-1.27x GB200's speed and the model, at
-    Blackwell Ultra's datasheet rate (1.11x) with its faster attention, says 1.11x."""
+    as fast in the model as on GB200 (+28% to +33% there, +35% here), and the dense Llama rows read 10-16% slow,
+    where GB300 ran Llama 3 70B's fp8 layout 1.24-1.27x GB200's speed and the model, at Blackwell Ultra's datasheet
+    rate (1.11x) with its faster attention, says 1.11x."""
     from planner.validation.fit import fitted_row_ids
 
     gb300 = {i: r for i, r in ROWS.items() if RUN_BY_ID[i]["cluster"] == "gb300-nvl72"}
