@@ -238,14 +238,14 @@ def test_published_hybrid_runs_are_held_out_checks():
     current issue time, refit on ten rows, is 55 us (B200 +36.9% -> +29.1%, GB200 +38.4% -> +30.3%). Pinned so that a
     change that moves them shows. The archive's seven other Nemotron 3 Nano rows of the same presets (26.02.01-26.06.01,
     GB200 mxfp8 and H100 fp8; 2026-12-06, later) repeat the split release by release: GB200 +25% to +34%, H100 -10% to
-    -14%. GB300's two (26.04, 26.04.01; 2026-12-06, the session after) read +35%, B300's +35% / +37%, fast as
-    GB200's."""
+    -14%. GB300's four (26.04-26.06.01; 2026-12-06, the session after) read +25% to +35%, B300's +35% / +37%,
+    fast as GB200's."""
     from planner.validation.compare import evaluate_modern_run, load_modern_runs
     from planner.validation.fit import call_fitting_rows, fitting_rows
 
     every = [r for r in load_modern_runs() if "Nemotron3Nano" in r["id"]]
-    assert len(every) == 15 and all(r["held_out"] for r in every)
-    # the two GB300 and two B300 rows check Blackwell Ultra's profiles (tests/test_modern_validation.py) and read
+    assert len(every) == 17 and all(r["held_out"] for r in every)
+    # the four GB300 and two B300 rows check Blackwell Ultra's profiles (tests/test_modern_validation.py) and read
     # fast as the other Blackwell rows do
     rows = [r for r in every if r["cluster"] not in ("gb300-nvl72", "b300-288gb")]
     from planner.validation.fit import CALL_TARGETS
