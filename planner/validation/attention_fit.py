@@ -305,7 +305,7 @@ def carried_scales(profile: str, lender: str, rows: list[dict]) -> tuple[float, 
     """(forward, backward) plateau scale of ``lender``'s fitted table in ``profile``: the two bf16 peaks' ratio,
     times Blackwell Ultra's measured attention gain (:func:`ultra_ratios`)."""
     peak = peak_scale(profile, lender)
-    fwd, bwd = ultra_ratios(profile, rows) if profile in ULTRA else (1.0, 1.0)
+    fwd, bwd = ultra_ratios(profile, rows)
     return peak * fwd, peak * bwd
 
 

@@ -13,6 +13,7 @@ from planner.specs.config import RunConfig
 from planner.specs.hardware import GIB, check_attention_kernel, derived_attention_kernel, load_cluster
 from planner.specs.model import model_from_config
 from planner.specs.stack import DEFAULT_STACK, load_stack
+from planner.validation.bands import gpu_family
 
 RUNS_FILE = Path(__file__).with_name("published_runs.json")
 
@@ -128,8 +129,8 @@ def modern_config(run: dict) -> RunConfig:
 
 
 def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
-    """The accuracy groups a row belongs to, from its configuration (not from hand-written tags)."""
-    gpu = run["gpu"].upper()
+    """The accuracy groups a row belongs to, from its configuration (not from hand-written tags); its GPU's group is
+    the GPU family its error band is kept under (``bands.gpu_family``)."""
     out = []
     if cfg.precision == "bf16" and not model.is_moe:
         out.append("dense bf16")
@@ -145,12 +146,9 @@ def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
         out.append("long context")
     if cfg.cp > 1:
         out.append("context parallel")
-    if gpu.startswith(("H100", "H800", "H200")):
-        out.append("H100 / H200 / H800")
-    if gpu.startswith(("B200", "GB200")):
-        out.append("B200")
-    if gpu.startswith(("B300", "GB300")):
-        out.append("B300 / GB300")
+    family = gpu_family(run["gpu"])
+    if family in GROUPS:
+        out.append(family)
     return tuple(out)
 
 
