@@ -20,7 +20,8 @@ ROWS = {r.id: r for r in compare()}
 
 @pytest.mark.parametrize("row_id", [i for i, r in ROWS.items() if r.metric == "busbw_gb_s"])
 def test_bus_bandwidth_within_10_percent_of_published_nccl_tests(row_id):
-    """Issue 10: collective model vs published nccl-tests figures (inside a node, 2 and 3 nodes) within 10%."""
+    """Issue 10: collective model vs published nccl-tests figures within 10%: inside an H100 and a B300 node, 2, 3,
+    4 and 5 nodes (H100 and A100, InfiniBand and RoCE, 4 and 8 NICs a node) and 248 H200 nodes."""
     r = ROWS[row_id]
     assert abs(r.error) <= 0.10, f"{row_id}: measured {r.measured} GB/s, model {r.estimated:.1f} GB/s"
 
@@ -55,6 +56,42 @@ def test_tree_wins_small_all_reduces_across_many_nodes_and_ring_large_ones():
     assert comm.all_reduce_s(H100, many, small, algorithm="tree") < \
         comm.all_reduce_s(H100, many, small, algorithm="ring") / 10
     assert comm.all_reduce_s(H100, two, large, algorithm="ring") < comm.all_reduce_s(H100, two, large, algorithm="tree")
+
+
+def test_nvls_tree_beats_the_nics_on_two_nodes_and_keeps_log_latency_at_scale():
+    """NCCL's NVLS tree (tuning.cc, NVLS_TREE): on two NVLS nodes the NICs' rate counts twice, so an all-reduce
+    goes past the ring's 8 x 47 GB/s up to the NVLS rate (470 GB/s measured, nccl-tests issue 309); across more
+    nodes its bandwidth is the NICs' and its latency 2 log2(nodes) network hops, so a 512 MiB all-reduce over 248
+    nodes keeps ~340 GB/s of bus bandwidth where the ring falls to ~120 (350 measured, nccl-tests issue 283)."""
+    big, mid = 16 * 2**30, 512 * 2**20
+
+    def busbw(nodes, size, algorithm=None):
+        n = 8 * nodes
+        return 2 * (n - 1) / n * size / float(comm.all_reduce_s(H100, comm.place_group(n, 1, 8), size, algorithm))
+
+    assert busbw(2, big) == pytest.approx(busbw(2, big, "nvls_tree"))
+    assert busbw(2, big) > 1.25 * busbw(2, big, "ring")
+    assert busbw(2, big) < H100.intra_node.nvls_bus_bandwidth_bytes_per_s  # capped by NVLink SHARP's own rate
+    assert busbw(248, mid) > 2.5 * busbw(248, mid, "ring")
+    nic_rate = 8 * H100.inter_node.bus_bandwidth_bytes_per_s
+    assert busbw(4, big) == pytest.approx(nic_rate, rel=0.01)  # more than two nodes: the NICs' rate
+    # no NVLink SHARP (A100), or one member per node (nothing to reduce over NVLink): no NVLS tree
+    assert np.isinf(comm.all_reduce_s(A100, comm.place_group(16, 1, 8), big, algorithm="nvls_tree"))
+    assert np.isinf(comm.all_reduce_s(H100, comm.place_group(16, 8, 8), big, algorithm="nvls_tree"))
+
+
+def test_blackwell_hgx_nodes_carry_b300s_measured_nvlink5_rates():
+    """NVIDIA/nccl issue 2140 measured 8 x B300 at 695 GB/s (ring) and 845 GB/s (NVLS); HGX B200 shares the NVLink5
+    links and switch chips and carries both, the NVL72 profiles the ring's efficiency only (no NVLS figure)."""
+    g8, big = comm.place_group(8, 1, 8), 8 * 2**30
+    for name in ("b200-180gb", "b300-288gb"):
+        c = load_cluster(name)
+        assert c.intra_node.efficiency == pytest.approx(695 / 900, abs=1e-3)
+        assert 2 * 7 / 8 * big / float(comm.all_reduce_s(c, g8, big)) == pytest.approx(845e9, rel=0.01)
+    for name in ("gb200-nvl72", "gb300-nvl72"):
+        c = load_cluster(name)
+        assert c.intra_node.efficiency == pytest.approx(695 / 900, abs=1e-3)
+        assert c.intra_node.nvls_bus_bandwidth_bytes_per_s == 0
 
 
 def test_ring_latency_grows_with_ring_length_and_nodes():
@@ -101,6 +138,21 @@ def test_library_file_is_checked_with_a_field_and_a_fix():
                                                       "tree": {"LL": 1, "LL128": 1, "Simple": 1}}},
                            "bandwidth_share": {"ring": {"LL": 0.5, "LL128": 2.0, "Simple": 1.0},
                                                "tree": {"LL": 0.2, "LL128": 0.8, "Simple": 0.9}}})
+
+
+def test_nvls_tree_hop_is_optional_and_checked():
+    base = {"base_latency_us": {"ring": {"LL": 1, "LL128": 1, "Simple": 1}, "tree": {"LL": 1, "LL128": 1, "Simple": 1}},
+            "hop_latency_us": {"nvlink": {"ring": {"LL": 1, "LL128": 1, "Simple": 1},
+                                          "tree": {"LL": 1, "LL128": 1, "Simple": 1}, "nvls": {"Simple": 25}},
+                               "net": {"ring": {"LL": 1, "LL128": 1, "Simple": 1},
+                                       "tree": {"LL": 1, "LL128": 1, "Simple": 1}}},
+            "bandwidth_share": {"ring": {"LL": 0.5, "LL128": 0.9, "Simple": 1.0},
+                                "tree": {"LL": 0.2, "LL128": 0.8, "Simple": 0.9}}}
+    assert library_from_dict(base).nvls_tree_net_hop_s is None  # a library without the algorithm
+    assert load_collective_library().nvls_tree_net_hop_s == pytest.approx(20.9e-6)
+    base["hop_latency_us"]["net"]["nvls_tree"] = {"Simple": -1}
+    with pytest.raises(PlannerError, match="nvls_tree"):
+        library_from_dict(base)
 
 
 def test_validate_cli_reports_the_collective_rows_as_json():

@@ -468,7 +468,7 @@ def test_the_gap_analysis_scripts_run():
     root = Path(__file__).resolve().parent.parent
     forms = subprocess.run([sys.executable, "analysis/missing_time_forms.py", "MB2511-GB200-GPT-OSS"], cwd=root,
                            capture_output=True, text=True, check=True).stdout
-    assert forms.count("\n") == 1 and "lacks  2.98 s a step" in forms and "0.50 us a token and layer" in forms
+    assert forms.count("\n") == 1 and "lacks  2.95 s a step" in forms and "0.50 us a token and layer" in forms
     gaps = subprocess.run([sys.executable, "analysis/attention_share_gaps.py", "NeMo2403-H100-Llama2-7B-1M"],
                           cwd=root, capture_output=True, text=True, check=True).stdout
     assert gaps.count("\n") == 1 and "needs" in gaps
@@ -505,13 +505,14 @@ def test_validate_reports_accuracy_per_model_family():
     """`planner validate --set modern` reports each model family (the config's model_type) apart, in the terminal and
     under ``model_families`` in JSON, so a family the model misses does not hide in the mean: GPT-OSS's 14 rows read
     72% (2026-12-06; 55% since Blackwell's GEMM curves and the experts' unfused bias, the session after; 16 rows with
-    the HGX B300's two, 55%) where Llama's 65 read 5% (73 with GB300's, 5.4%), Qwen3's and DeepSeek-V3's 5%."""
+    the HGX B300's two, 55%) where Llama's 65 read 5% (73 with GB300's, 5.4%; 82 with the rest of GB300's, 6.0%), Qwen3's
+    and DeepSeek-V3's 5%."""
     r = CliRunner().invoke(app, ["validate", "--set", "modern", "--json"])
     assert r.exit_code == 0, r.output
     fams = json.loads(r.stdout)["modern"]["model_families"]
     assert sum(f["rows"] for f in fams.values()) == json.loads(r.stdout)["modern"]["overall"]["rows"]
     assert fams["gpt_oss"]["rows"] == 20 and fams["gpt_oss"]["mean_abs_error"] > 0.5
-    assert fams["llama"]["mean_abs_error"] < 0.06 and fams["qwen3_moe"]["mean_abs_error"] < 0.06
+    assert fams["llama"]["mean_abs_error"] < 0.065 and fams["qwen3_moe"]["mean_abs_error"] < 0.06
     assert fams["deepseek_v3"]["mean_abs_error"] < 0.06
     text = CliRunner().invoke(app, ["validate", "--set", "modern"]).output
     assert "accuracy per model family" in text and "gpt_oss" in text
@@ -562,7 +563,7 @@ def test_blackwell_ultra_rows_are_held_out_and_read_as_the_readme_says():
     dense = [r.error for i, r in gb300.items() if "Llama" in i]
     assert len(dense) == 17 and -0.17 < min(dense) and max(dense) < -0.07
     for key, lo, hi, n in (("Qwen3", -0.08, 0.07, 8), ("DeepSeekV3", -0.14, -0.06, 4),
-                           ("Nemotron3Nano", 0.25, 0.36, 4)):
+                           ("Nemotron3Nano", 0.24, 0.36, 4)):
         errs = [r.error for i, r in gb300.items() if key in i]
         assert len(errs) == n and all(lo < e < hi for e in errs), (key, errs)
     # the HGX B300 (B200's datasheet rates, Blackwell Ultra's attention): nine MoE rows; the transformer ones hold but

@@ -10,12 +10,16 @@ ranks on `nodes` nodes, message M bytes, bus bandwidth beta:
     ring all-reduce                    base + 2 (n - nodes) h_nvl + 2 (nodes - 1) h_net + 2 (n-1)/n M / (share beta)
     tree all-reduce (across nodes)     base + 2 ((k - 1) h_nvl + floor(log2 nodes) h_net) + 2 M / (share beta)
     NVLS all-reduce (inside a node)    h_nvls + max(2 (n-1)/n M / beta_nvls, M / beta)
+    NVLS tree all-reduce (across nodes) h_nvls + 2 floor(log2 nodes) h_net,nvls + 2 (n-1)/n M / min(beta_nvls, x k B_nic)
     all-to-all                         (n-1)/n M / beta + (n-1) alpha       (point-to-point based)
     point-to-point                     M / beta + alpha
 
 (k members per node; a ring with one member per node takes the tree's network hop latency, as NCCL's tuner does.)
 The NVLS rate ``beta_nvls`` is the profile's measured NVLink SHARP bus bandwidth; the second term is the wire: every
-rank still sends and receives M over its own NVLink. Point-to-point transfers (pipeline sends, CP ring steps, the
+rank still sends and receives M over its own NVLink. The NVLS tree (NCCL's NVLS_TREE: NVLink SHARP inside each node,
+a tree of nodes over the NICs) runs at the slower of that rate and the node's k NICs, whose rate counts twice on two
+nodes (x = 2 for nodes <= 2, else 1: ncclTopoTuneModel's "2 node case of NVLSTree"), so on two nodes it goes past the
+NICs' ring rate and at scale its latency grows with log2 of the nodes, not with the ranks as the ring's. Point-to-point transfers (pipeline sends, CP ring steps, the
 all-to-all's pairwise exchanges) take the link's own message latency ``alpha``.
 
 Placement: ranks are laid out Megatron's way, TP fastest, then CP, then DP (with EP inside DP x CP), then PP
@@ -118,16 +122,17 @@ all_gather_s = reduce_scatter_s
 
 
 def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes, algorithm: str | None = None):
-    """All-reduce of an M-byte buffer: the fastest of NCCL's ring, its tree (groups spanning nodes) and NVLink SHARP
-    (groups inside a node whose switch has it), each at its fastest protocol (module docstring; Thakur et al. 2005
-    for the ring's 2 (n-1)/n M). ``algorithm`` ("ring", "tree", "nvls") pins one, as NCCL_ALGO does; one that
-    cannot run on the group costs infinity."""
+    """All-reduce of an M-byte buffer: the fastest of NCCL's ring, its tree (groups spanning nodes), NVLink SHARP
+    (groups inside a node whose switch has it) and the NVLS tree (groups spanning such nodes with two or more members
+    on each), each at its fastest protocol (module docstring; Thakur et al. 2005 for the ring's 2 (n-1)/n M).
+    ``algorithm`` ("ring", "tree", "nvls", "nvls_tree") pins one, as NCCL_ALGO does; one that cannot run on the group
+    costs infinity."""
     lib, n, k = cluster.collectives, g.size, g.members_per_node
     msg = np.asarray(msg_bytes, dtype=float)
     bw = ring_bandwidth(cluster, g)
     ring = _ring_s(lib, g, 2 * (n - 1) / n * msg, 2, bw)
     spans = np.asarray(g.spans_nodes)
-    tree = nvls = np.inf  # an algorithm that cannot run on the group
+    tree = nvls = nvls_tree = np.inf  # an algorithm that cannot run on the group
     if spans.any():  # the tree runs across nodes only
         log_nodes = np.floor(np.log2(np.maximum(1, g.nodes)))
         tree = _fastest_protocol(
@@ -138,10 +143,17 @@ def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes, algorithm: str 
     if nvls_bw > 0 and not spans.all():  # NVLink SHARP inside a node whose switch has it
         nvls = np.where(spans, np.inf, lib.nvls_nvlink_hop_s + np.maximum(
             2 * (n - 1) / n * msg / nvls_bw, msg / cluster.intra_node.bus_bandwidth_bytes_per_s))
-    options = {"ring": ring, "tree": tree, "nvls": nvls}
+    if nvls_bw > 0 and lib.nvls_tree_net_hop_s is not None and spans.any():
+        # NVLink SHARP inside each node, a tree of nodes over the NICs (ncclTopoTuneModel, NVLS_TREE): k NICs' rate,
+        # doubled on two nodes, capped by the NVLS rate; NVLS needs two or more members in the node
+        nodes = np.maximum(1, g.nodes)
+        net_bw = cluster.inter_node.bus_bandwidth_bytes_per_s * k * np.where(nodes <= 2, 2.0, 1.0)
+        latency = lib.nvls_nvlink_hop_s + 2 * np.floor(np.log2(nodes)) * lib.nvls_tree_net_hop_s
+        nvls_tree = np.where(spans & (k >= 2), latency + 2 * (n - 1) / n * msg / np.minimum(nvls_bw, net_bw), np.inf)
+    options = {"ring": ring, "tree": tree, "nvls": nvls, "nvls_tree": nvls_tree}
     if algorithm is not None and algorithm not in options:
         raise ValueError(f"algorithm must be one of {sorted(options)}, got {algorithm!r}")
-    t = options[algorithm] if algorithm else np.minimum(ring, np.minimum(tree, nvls))
+    t = options[algorithm] if algorithm else np.minimum(np.minimum(ring, tree), np.minimum(nvls, nvls_tree))
     return np.where((n <= 1) | (msg <= 0), 0.0, t)
 
 

@@ -39,6 +39,9 @@ class CollectiveLibrary:
     ring_bandwidth_share: tuple[float, ...]
     tree_bandwidth_share: tuple[float, ...]
     nvls_nvlink_hop_s: float
+    #: the network hop of NVLink SHARP's tree across nodes (NCCL's NVLS_TREE, Simple only); None: the library has
+    #: no such algorithm
+    nvls_tree_net_hop_s: float | None = None
     source: str = ""
 
 
@@ -83,10 +86,8 @@ def library_from_dict(data: Any, source: str = "<dict>", default_name: str = "co
     if not isinstance(data, dict):
         raise PlannerError("must be a JSON object", source=source, fix=_FIX)
     base, hop, share = data.get("base_latency_us"), data.get("hop_latency_us"), data.get("bandwidth_share")
-    nvls = hop.get("nvlink", {}).get("nvls", {}).get("Simple") if isinstance(hop, dict) else None
-    if isinstance(nvls, bool) or not isinstance(nvls, (int, float)) or not math.isfinite(nvls) or nvls < 0:
-        raise PlannerError(f"must be a number >= 0, got {nvls!r}", source=source,
-                           field="hop_latency_us.nvlink.nvls.Simple", fix=_FIX)
+    nvls = _simple_hop(hop, "nvlink", "nvls", source, required=True)
+    nvls_tree = _simple_hop(hop, "net", "nvls_tree", source, required=False)
     shares = {a: _per_protocol(share, (a,), source, "bandwidth_share", 1.0, maximum=1.0) for a in ALGORITHMS}
     for a, s in shares.items():
         if max(s) <= 0:
@@ -101,8 +102,22 @@ def library_from_dict(data: Any, source: str = "<dict>", default_name: str = "co
         ring_net_hop_s=_per_protocol(hop, ("net", "ring"), source, "hop_latency_us", US),
         tree_net_hop_s=_per_protocol(hop, ("net", "tree"), source, "hop_latency_us", US),
         ring_bandwidth_share=shares["ring"], tree_bandwidth_share=shares["tree"],
-        nvls_nvlink_hop_s=float(nvls) * US, source=str(data.get("source", "")),
+        nvls_nvlink_hop_s=nvls * US, nvls_tree_net_hop_s=None if nvls_tree is None else nvls_tree * US, source=str(data.get("source", "")),
     )
+
+
+def _simple_hop(hop: Any, link: str, algorithm: str, source: str, required: bool) -> float | None:
+    """The Simple protocol's hop latency (us) of an algorithm that runs Simple only (NVLS, NVLS tree); None for an
+    optional one the file leaves out (the library has no such algorithm)."""
+    block = hop.get(link, {}) if isinstance(hop, dict) else None
+    v = block.get(algorithm, {}) if isinstance(block, dict) else None
+    v = v.get("Simple") if isinstance(v, dict) else None
+    if v is None and not required:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise PlannerError(f"must be a number >= 0, got {v!r}", source=source,
+                           field=f"hop_latency_us.{link}.{algorithm}.Simple", fix=_FIX)
+    return float(v)
 
 
 #: a library with no latencies and the full bus bandwidth in every protocol: the plain bandwidth model, for
