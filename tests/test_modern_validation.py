@@ -505,8 +505,8 @@ def test_validate_reports_accuracy_per_model_family():
     """`planner validate --set modern` reports each model family (the config's model_type) apart, in the terminal and
     under ``model_families`` in JSON, so a family the model misses does not hide in the mean: GPT-OSS's 14 rows read
     72% (2026-12-06; 55% since Blackwell's GEMM curves and the experts' unfused bias, the session after; 16 rows with
-    the HGX B300's two, 55%) where Llama's 65 read 5% (73 with GB300's, 5.4%; 82 with the rest of GB300's, 6.0%), Qwen3's
-    and DeepSeek-V3's 5%."""
+    the HGX B300's two, 55%) where Llama's 65 read 5% (73 with GB300's, 5.4%; 82 with the rest of GB300's, 6.0%),
+    Qwen3's and DeepSeek-V3's 5%."""
     r = CliRunner().invoke(app, ["validate", "--set", "modern", "--json"])
     assert r.exit_code == 0, r.output
     fams = json.loads(r.stdout)["modern"]["model_families"]

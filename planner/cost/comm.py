@@ -10,7 +10,7 @@ ranks on `nodes` nodes, message M bytes, bus bandwidth beta:
     ring all-reduce                    base + 2 (n - nodes) h_nvl + 2 (nodes - 1) h_net + 2 (n-1)/n M / (share beta)
     tree all-reduce (across nodes)     base + 2 ((k - 1) h_nvl + floor(log2 nodes) h_net) + 2 M / (share beta)
     NVLS all-reduce (inside a node)    h_nvls + max(2 (n-1)/n M / beta_nvls, M / beta)
-    NVLS tree all-reduce (across nodes) h_nvls + 2 floor(log2 nodes) h_net,nvls + 2 (n-1)/n M / min(beta_nvls, x k B_nic)
+    NVLS tree all-reduce (nodes)       h_nvls + 2 floor(log2 nodes) h_net,nvls + 2 (n-1)/n M / min(beta_nvls, x k B_nic)
     all-to-all                         (n-1)/n M / beta + (n-1) alpha       (point-to-point based)
     point-to-point                     M / beta + alpha
 
@@ -19,8 +19,9 @@ The NVLS rate ``beta_nvls`` is the profile's measured NVLink SHARP bus bandwidth
 rank still sends and receives M over its own NVLink. The NVLS tree (NCCL's NVLS_TREE: NVLink SHARP inside each node,
 a tree of nodes over the NICs) runs at the slower of that rate and the node's k NICs, whose rate counts twice on two
 nodes (x = 2 for nodes <= 2, else 1: ncclTopoTuneModel's "2 node case of NVLSTree"), so on two nodes it goes past the
-NICs' ring rate and at scale its latency grows with log2 of the nodes, not with the ranks as the ring's. Point-to-point transfers (pipeline sends, CP ring steps, the
-all-to-all's pairwise exchanges) take the link's own message latency ``alpha``.
+NICs' ring rate and at scale its latency grows with log2 of the nodes, not with the ranks as the ring's.
+Point-to-point transfers (pipeline sends, CP ring steps, the all-to-all's pairwise exchanges) take the link's own
+message latency ``alpha``.
 
 Placement: ranks are laid out Megatron's way, TP fastest, then CP, then DP (with EP inside DP x CP), then PP
 ("tp-cp-ep-dp-pp"). A group whose members sit inside one node uses the intra-node link. A group spanning nodes

@@ -102,7 +102,8 @@ def library_from_dict(data: Any, source: str = "<dict>", default_name: str = "co
         ring_net_hop_s=_per_protocol(hop, ("net", "ring"), source, "hop_latency_us", US),
         tree_net_hop_s=_per_protocol(hop, ("net", "tree"), source, "hop_latency_us", US),
         ring_bandwidth_share=shares["ring"], tree_bandwidth_share=shares["tree"],
-        nvls_nvlink_hop_s=nvls * US, nvls_tree_net_hop_s=None if nvls_tree is None else nvls_tree * US, source=str(data.get("source", "")),
+        nvls_nvlink_hop_s=nvls * US, nvls_tree_net_hop_s=None if nvls_tree is None else nvls_tree * US,
+        source=str(data.get("source", "")),
     )
 
 
