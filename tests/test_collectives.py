@@ -98,6 +98,25 @@ def test_blackwell_nodes_take_their_measured_nvlink5_rates():
         assert 0.975 * 695e9 < ring < 695e9  # a 72-rank ring pays 142 NVLink hop latencies
 
 
+def test_collectives_leaving_an_nvl72_domain_draw_its_measured_nics_not_all_72():
+    """CoreWeave's GB200 all-reduce over 20 NVL72 racks reached 405.74 GB/s (github coreweave/nccl-tests README.md):
+    8.63 NICs' worth of the rack's 72 (NCCL's channels), the profile's ``max_nics_per_collective``. Rings and NVLS trees
+    across domains draw that many; two racks, whose NVLS tree counts the NICs twice, reach 2 x 8.63 x 47 = 811 GB/s
+    (810.41 measured, the independent check); an HGX profile (no limit) draws one NIC per member as before."""
+    gb200, big = load_cluster("gb200-nvl72"), 16 * 2**30
+    assert gb200.inter_node.max_nics_per_collective == pytest.approx(8.63)
+    nic = gb200.inter_node.bus_bandwidth_bytes_per_s
+    twenty = comm.place_group(1440, 1, 72)
+    assert float(comm.ring_bandwidth(gb200, twenty)) == pytest.approx(8.63 * nic)
+    busbw = {r: 2 * (72 * r - 1) / (72 * r) * big
+             / float(comm.all_reduce_s(gb200, comm.place_group(72 * r, 1, 72), big)) for r in (2, 20)}
+    assert busbw[20] == pytest.approx(405.74e9, rel=0.01) and busbw[2] == pytest.approx(810.41e9, rel=0.01)
+    assert float(comm.node_nics(gb200, 4)) == 4  # an NVL4 partition uses its own four NICs
+    assert H100.inter_node.max_nics_per_collective == 0
+    assert float(comm.ring_bandwidth(H100, comm.place_group(64, 1, 8))) == pytest.approx(
+        min(8 * H100.inter_node.bus_bandwidth_bytes_per_s, H100.intra_node.bus_bandwidth_bytes_per_s))
+
+
 def test_ring_latency_grows_with_ring_length_and_nodes():
     t = [float(comm.reduce_scatter_s(H100, comm.place_group(n, 1, 8), 8.0)) for n in (8, 16, 64, 512, 4096)]
     assert t == sorted(t) and t[-1] > 10 * t[0]

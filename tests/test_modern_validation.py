@@ -109,22 +109,20 @@ def test_fp8_group_after_the_fit():
     """Dense fp8 rows: those without context parallelism (the GEMM ratios' fitting rows, their B200 / GB200 checks
     and NeMo 24.03's 4K-16K rows) within 4% on average and 12% at most (the worst, Megatron-Bridge 26.02's GB200
     Llama 3 70B mxfp8 at +11%: that container ran each dense recipe 3-8% slower than 26.02.01 did, 2026-12-06, which
-    one number per GPU and precision cannot follow) but one: Megatron-Bridge 25.09's GB200 Llama 3.1 405B (TP 2 with
-    Megatron FSDP over 64 GPUs of two NVL72 racks, 95 of its 126 layers' activations offloaded to the host, a recipe
-    later releases dropped) is +18% (2026-12-06, added with the archive's other 25.09 / 25.11 dense rows; cause not
-    established); with ring CP, the current releases' H100 rows' own residual
-    (+6% to +17%), which no fitted number absorbs, and NeMo 25.04's B200 long-context rows (+7% at 32K to +13% at
-    1M tokens, attention from the table fitted on cuDNN 9.10's published speeds), below 20%; NeMo 24.03's CP rows
-    (cuDNN 9.0, whose rate is fitted) within 3%."""
+    one number per GPU and precision cannot follow). Megatron-Bridge 25.09's GB200 Llama 3.1 405B (TP 2 with
+    Megatron FSDP over 64 GPUs of two NVL72 racks, 95 of its 126 layers' activations offloaded to the host) was the
+    exception at +18%, then +10%, until the FSDP collectives across the two racks drew the 8.6 NICs' worth NCCL
+    measures there rather than all 72 (coreweave/nccl-tests README.md; 2026-12-06, the session after Blackwell
+    Ultra): +6.6%. With ring CP, the current releases' H100 rows' own residual (+6% to +17%), which no fitted number
+    absorbs, and NeMo 25.04's B200 long-context rows (+7% at 32K to +13% at 1M tokens, attention from the table fitted
+    on cuDNN 9.10's published speeds), below 20%; NeMo 24.03's CP rows (cuDNN 9.0, whose rate is fitted) within 3%."""
     dense = [r for r in ROWS.values() if r.estimated is not None and "fp8" in r.groups and "MoE" not in r.groups
              and not RUN_BY_ID[r.id].get("held_out")]
     plain = [abs(r.error) for r in dense if "context parallel" not in r.groups]
     ring = [abs(r.error) for r in dense if "context parallel" in r.groups]
     old_kernel = [abs(r.error) for r in dense if "context parallel" in r.groups and r.id.startswith("NeMo2403")]
-    assert sum(plain) / len(plain) < 0.04 and max(plain) < 0.20
-    worst = max((abs(r.error), r.id) for r in dense if "context parallel" not in r.groups)
-    assert worst[1] == "MB2509-GB200-Llama3.1-405B"
-    assert sorted(plain)[-2] < 0.12
+    assert sum(plain) / len(plain) < 0.04 and max(plain) < 0.12
+    assert 0.05 < ROWS["MB2509-GB200-Llama3.1-405B"].error < 0.08
     assert len(ring) == 21 and max(ring) < 0.20 and len(old_kernel) == 6 and max(old_kernel) < 0.03
 
 

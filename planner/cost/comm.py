@@ -77,11 +77,20 @@ def link_of(cluster: Cluster, spans_nodes) -> tuple[np.ndarray, np.ndarray]:
     return bw, np.where(spans_nodes, cluster.inter_node.latency_s, cluster.intra_node.latency_s)
 
 
+def node_nics(cluster: Cluster, members_per_node):
+    """NICs' worth of bandwidth a ring or tree crossing nodes draws from one node: one per member, at most the
+    profile's ``max_nics_per_collective`` (NCCL's channels; a GB200 NVL72 domain of 72 leaves through ~8.6,
+    measured)."""
+    k = np.asarray(members_per_node, dtype=float)
+    cap = cluster.inter_node.max_nics_per_collective
+    return np.minimum(k, cap) if cap > 0 else k
+
+
 def ring_bandwidth(cluster: Cluster, g: GroupPlacement) -> np.ndarray:
     """Bus bandwidth (bytes/s) a ring (or tree) over this group reaches: the intra-node link inside a node; across
-    nodes k NICs' worth (one NCCL channel per NIC), capped by the intra-node link."""
+    nodes k NICs' worth (one NCCL channel per NIC, :func:`node_nics`), capped by the intra-node link."""
     intra = cluster.intra_node.bus_bandwidth_bytes_per_s
-    inter = cluster.inter_node.bus_bandwidth_bytes_per_s * g.members_per_node
+    inter = cluster.inter_node.bus_bandwidth_bytes_per_s * node_nics(cluster, g.members_per_node)
     return np.where(g.spans_nodes, np.minimum(intra, inter), intra)
 
 
@@ -148,7 +157,7 @@ def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes, algorithm: str 
         # NVLink SHARP inside each node, a tree of nodes over the NICs (ncclTopoTuneModel, NVLS_TREE): k NICs' rate,
         # doubled on two nodes, capped by the NVLS rate; NVLS needs two or more members in the node
         nodes = np.maximum(1, g.nodes)
-        net_bw = cluster.inter_node.bus_bandwidth_bytes_per_s * k * np.where(nodes <= 2, 2.0, 1.0)
+        net_bw = cluster.inter_node.bus_bandwidth_bytes_per_s * node_nics(cluster, k) * np.where(nodes <= 2, 2.0, 1.0)
         latency = lib.nvls_nvlink_hop_s + 2 * np.floor(np.log2(nodes)) * lib.nvls_tree_net_hop_s
         nvls_tree = np.where(spans & (k >= 2), latency + 2 * (n - 1) / n * msg / np.minimum(nvls_bw, net_bw), np.inf)
     options = {"ring": ring, "tree": tree, "nvls": nvls, "nvls_tree": nvls_tree}

@@ -213,6 +213,10 @@ class Link:
     #: all-reduce bus bandwidth of NVLink SHARP (NVSwitch multicast and in-switch reduction) inside the node, as
     #: nccl-tests report it; 0 where the switch has none (then rings and trees only)
     nvls_bus_bandwidth_bytes_per_s: float = 0.0
+    #: (a NIC link) the most NICs' worth of bandwidth a ring or tree crossing nodes draws from one node, NCCL's
+    #: channels x their per-channel rate in units of this NIC; 0: one NIC per member, no limit (an 8-GPU node's
+    #: rings use its 8). A 72-GPU NVLink domain leaves it through far fewer NICs than it has
+    max_nics_per_collective: float = 0.0
 
     @property
     def bus_bandwidth_bytes_per_s(self) -> float:
@@ -351,6 +355,7 @@ def _link(d: Any, source: str, section: str) -> Link:
         efficiency=_num(d, "efficiency", source, section, maximum=1.0),
         nvls_bus_bandwidth_bytes_per_s=_num(d, "nvls_bus_bandwidth_gb_s", source, section, positive=False,
                                             default=0.0) * GB,
+        max_nics_per_collective=_num(d, "max_nics_per_collective", source, section, positive=False, default=0.0),
     )
 
 
