@@ -27,7 +27,9 @@ Placement: ranks are laid out Megatron's way, TP fastest, then CP, then DP (with
 ("tp-cp-ep-dp-pp"). A group whose members sit inside one node uses the intra-node link. A group spanning nodes
 with k members per node runs NCCL rings with one channel per NIC, so its ring bandwidth is k NICs' worth, capped by
 the intra-node link: min(B_intra, k * B_nic). This reduces to "limited by the inter-node bandwidth per GPU" when
-each node holds one member (k = 1), as the reference states.
+each node holds one member (k = 1), as the reference states. Where a profile measures fewer NICs' worth leaving a
+node than its members have (``max_nics_per_collective``: a 72-GPU NVL72 domain), k is capped there
+(:func:`node_nics`), for the rings, the tree and the NVLS tree alike.
 """
 
 from __future__ import annotations
@@ -143,23 +145,25 @@ def all_reduce_s(cluster: Cluster, g: GroupPlacement, msg_bytes, algorithm: str 
     ring = _ring_s(lib, g, 2 * (n - 1) / n * msg, 2, bw)
     spans = np.asarray(g.spans_nodes)
     tree = nvls = nvls_tree = np.inf  # an algorithm that cannot run on the group
-    if spans.any():  # the tree runs across nodes only
-        log_nodes = np.floor(np.log2(np.maximum(1, g.nodes)))
+    nvls_bw = cluster.intra_node.nvls_bus_bandwidth_bytes_per_s
+    if spans.any():  # the trees run across nodes only
+        nodes = np.maximum(1, g.nodes)
+        log_nodes = np.floor(np.log2(nodes))
         tree = _fastest_protocol(
             lib.tree_base_s, lambda p: 2 * ((k - 1) * lib.tree_nvlink_hop_s[p] + log_nodes * lib.tree_net_hop_s[p]),
             lib.tree_bandwidth_share, 2 * msg, bw)
         tree = np.inf if tree is None else np.where(spans, tree, np.inf)
-    nvls_bw = cluster.intra_node.nvls_bus_bandwidth_bytes_per_s
+        if nvls_bw > 0 and lib.nvls_tree_net_hop_s is not None:
+            # NVLink SHARP inside each node, a tree of nodes over the NICs (ncclTopoTuneModel, NVLS_TREE): the
+            # node's NICs' rate (node_nics), doubled on two nodes, capped by the NVLS rate; NVLS needs two or more
+            # members in the node
+            net_bw = cluster.inter_node.bus_bandwidth_bytes_per_s * node_nics(cluster, k) * np.where(nodes <= 2, 2, 1)
+            latency = lib.nvls_nvlink_hop_s + 2 * log_nodes * lib.nvls_tree_net_hop_s
+            nvls_tree = np.where(spans & (k >= 2), latency + 2 * (n - 1) / n * msg / np.minimum(nvls_bw, net_bw),
+                                 np.inf)
     if nvls_bw > 0 and not spans.all():  # NVLink SHARP inside a node whose switch has it
         nvls = np.where(spans, np.inf, lib.nvls_nvlink_hop_s + np.maximum(
             2 * (n - 1) / n * msg / nvls_bw, msg / cluster.intra_node.bus_bandwidth_bytes_per_s))
-    if nvls_bw > 0 and lib.nvls_tree_net_hop_s is not None and spans.any():
-        # NVLink SHARP inside each node, a tree of nodes over the NICs (ncclTopoTuneModel, NVLS_TREE): k NICs' rate,
-        # doubled on two nodes, capped by the NVLS rate; NVLS needs two or more members in the node
-        nodes = np.maximum(1, g.nodes)
-        net_bw = cluster.inter_node.bus_bandwidth_bytes_per_s * node_nics(cluster, k) * np.where(nodes <= 2, 2.0, 1.0)
-        latency = lib.nvls_nvlink_hop_s + 2 * np.floor(np.log2(nodes)) * lib.nvls_tree_net_hop_s
-        nvls_tree = np.where(spans & (k >= 2), latency + 2 * (n - 1) / n * msg / np.minimum(nvls_bw, net_bw), np.inf)
     options = {"ring": ring, "tree": tree, "nvls": nvls, "nvls_tree": nvls_tree}
     if algorithm is not None and algorithm not in options:
         raise ValueError(f"algorithm must be one of {sorted(options)}, got {algorithm!r}")
