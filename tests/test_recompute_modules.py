@@ -94,8 +94,14 @@ def test_moe_act_drops_the_routed_experts_activation_output():
 
 
 def test_modules_apply_only_to_selective_and_to_models_that_have_them():
-    with pytest.raises(PlannerError, match="selective"):
-        estimate(L8B, H100, _cfg(recompute="none", recompute_modules="core_attn,layernorm"))
+    # a search row or a plan without selective recomputation keeps its space's modules, which nothing prices;
+    # given on the command line with another mode they are refused
+    none = estimate(L8B, H100, _cfg(recompute="none", recompute_modules="core_attn,layernorm"))
+    assert none.step_time_s == estimate(L8B, H100, _cfg(recompute="none")).step_time_s
+    refused = CliRunner().invoke(app, ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus",
+                                       "8", "--global-batch", "8", "--recompute", "none", "--recompute-modules",
+                                       "core_attn,layernorm"])
+    assert refused.exit_code != 0 and "--recompute selective" in refused.output
     with pytest.raises(PlannerError, match="latent attention"):
         estimate(L8B, H100, _cfg(recompute_modules="core_attn,mla_up_proj"))
     with pytest.raises(PlannerError, match="no experts"):
@@ -209,7 +215,7 @@ def test_moe_module_rules():
 def test_search_with_moe_recompute_never_pairs_it_with_the_overlap_and_exports_it():
     mix = MIXTRAL
     res = search(mix, H100, 16, 64, 4096, top=50,
-                 space=SearchSpace(recompute_modules="core_attn,moe", recompute_modes=("none", "selective")))
+                 space=SearchSpace(recompute_modules="core_attn,moe", recompute_modes=("selective",)))
     cfgs = [c.config for c in res.ranked]
     assert any(c.recompute == "selective" for c in cfgs)
     assert not any(c.recompute == "selective" and c.ep_comm_overlap for c in cfgs)

@@ -12,8 +12,8 @@ from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
 from planner.plan import dumps, plan_dict, request_warnings
-from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, OFFLOAD_MODULES, PRECISIONS, RECOMPUTE_MODES,
-                                   RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
+from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, OFFLOAD_MODULES, OP_SAC_MODULES,
+                                   PRECISIONS, RECOMPUTE_MODES, RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
                                    canonical_recompute_modules, parse_megatron_layout)
 from planner.specs.stack import DEFAULT_STACK, GRAD_REDUCE_DTYPES, load_stack
 from planner.validation.bands import band_for
@@ -83,9 +83,12 @@ def estimate(
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size in sequences"),
     seq_len: int = typer.Option(2048, "--seq-len", help="Sequence length in tokens"),
     recompute: str = typer.Option("selective", "--recompute", help="none | selective | full"),
-    recompute_modules: str = typer.Option(DEFAULT_RECOMPUTE_MODULES, "--recompute-modules",
-                                          help="What --recompute selective redoes, Megatron-Core's "
-                                               "--recompute-modules: comma list of " + ", ".join(RECOMPUTE_MODULES)),
+    recompute_modules: str = typer.Option(None, "--recompute-modules",
+                                          help="What --recompute selective redoes: Megatron-Core's "
+                                               "--recompute-modules, a comma list of " +
+                                               ", ".join(m for m in RECOMPUTE_MODULES if m not in OP_SAC_MODULES) +
+                                               "; or torchtitan's per-op policy, op_sac (0.3) or op_sac_v02 (0.2) "
+                                               "[default: the stack's: core_attn, torchtitan op_sac_v02]"),
     sequence_parallel: bool = typer.Option(True, "--sequence-parallel/--no-sequence-parallel"),
     zero: int = typer.Option(1, "--zero", help="ZeRO stage 0 | 1 | 2 | 3"),
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule (see `planner list schedules`)"),
@@ -174,9 +177,15 @@ def estimate(
         choice(ep_dispatcher, EP_DISPATCHERS, "--ep-dispatcher")
     dist = check_length_options(seq_len_dist, packing, dynamic_cp, max_seqlen_per_rank)
     split = parse_layers_per_stage(layers_per_stage) if layers_per_stage is not None else None
-    modules = parse_recompute_modules(recompute_modules)
     offload = parse_offload_modules(offload_modules)
     run_stack = load_stack(stack)
+    # not given: the stack's own selective recomputation (torchtitan's per-op policy), which applies to selective
+    # recomputation only
+    if recompute_modules is not None and recompute != "selective":
+        raise PlannerError("recompute modules apply to selective recomputation", source="--recompute-modules",
+                           fix="add --recompute selective or drop --recompute-modules")
+    modules = parse_recompute_modules(recompute_modules) if recompute_modules is not None else \
+        run_stack.recompute_modules if recompute == "selective" else DEFAULT_RECOMPUTE_MODULES
     spec = load_model(model)
     hw = run_stack.on_cluster(load_cluster(cluster))  # the stack release's expert GEMM issue times, if its own
     if attention_kernel is not None:

@@ -146,9 +146,11 @@ def plan(
                                                               "fp8 | mxfp8 (the run's choice, not searched)"),
     moe_load_factor: float = RUN_OPTIONS["moe_load_factor"], act_fp8_store: bool = RUN_OPTIONS["act_fp8_store"],
     adam_moments: str = RUN_OPTIONS["adam_moments"], comm_reserved_sms: int = RUN_OPTIONS["comm_reserved_sms"],
-    recompute_modules: str = typer.Option(DEFAULT_RECOMPUTE_MODULES, "--recompute-modules",
+    recompute_modules: str = typer.Option(None, "--recompute-modules",
                                           help="What selective recomputation redoes (Megatron-Core "
-                                               "--recompute-modules; comma list, not searched)"),
+                                               "--recompute-modules, a comma list; or torchtitan's per-op policy, "
+                                               "op_sac / op_sac_v02; not searched) [default: the launcher's or "
+                                               "stack's: core_attn, torchtitan op_sac_v02]"),
     stack: str = typer.Option(None, "--stack", help=f"Training stack: search exactly what it runs, with its runtime "
                                                     f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
@@ -177,7 +179,7 @@ def plan(
         raise PlannerError("--json and --emit would both print to stdout", source="--emit",
                            fix="give --out FILE for the launcher config")
     choice(precision, PRECISIONS, "--precision")
-    modules = parse_recompute_modules(recompute_modules)
+    modules = parse_recompute_modules(recompute_modules) if recompute_modules is not None else None
     offload = parse_offload_modules(offload_modules)
     dist = check_length_options(seq_len_dist, packing, dynamic_cp, max_seqlen_per_rank)
     constraints = search_constraints(tp, pp, cp, ep, vpp, micro_batch, schedules, zero, recompute, etp,
@@ -199,7 +201,7 @@ def plan(
                                        ("--moe-load-factor", moe_load_factor != 1.0),
                                        ("--comm-reserved-sms", comm_reserved_sms != 0),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
-                                       ("--recompute-modules", modules != DEFAULT_RECOMPUTE_MODULES),
+                                       ("--recompute-modules", modules not in (None, DEFAULT_RECOMPUTE_MODULES)),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
                                        ("--tp / --pp / --schedules / ...", constraints is not None)) if on]
         if given:
@@ -214,6 +216,9 @@ def plan(
     hw = load_cluster(cluster)
     if run_stack is not None:  # the stack release's expert GEMM issue times, where it has its own
         hw = run_stack.on_cluster(hw)
+    if modules is None:  # the launcher's own policy (torchtitan's release), else the stack's
+        from planner.export.spaces import default_recompute_modules
+        modules = default_recompute_modules(run_stack, emit)
     if attention_kernel is not None:
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     if ep_dispatcher is not None:

@@ -65,6 +65,10 @@ class Op:
     expert_alltoall: bool | np.ndarray = False
     #: the fused attention kernel's shape (kind "attention"), which sets its speed (:func:`attention_time_s`)
     shape: "AttentionShape | None" = None
+    #: the share of this op's forward that torchtitan's per-op selective checkpointing runs again in backward, under
+    #: the "op_sac" and "op_sac_v02" policies (config.OP_SAC_MODULES; :func:`op_sac_shares`)
+    op_sac: float | np.ndarray = 0.0
+    op_sac_v02: float | np.ndarray = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,69 @@ def layer_ops(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> l
         ops += mamba_ops(model, cfg)
     if kind.ffn:
         ops += ffn_ops(model, cfg, kind.moe)
-    return ops + elementwise_ops(model, cfg, kind)
+    ops += elementwise_ops(model, cfg, kind)
+    if kind.mixer != "attention":  # torchtitan runs transformer blocks only (validity refuses op_sac elsewhere)
+        return ops
+    shares = op_sac_shares(model, cfg, kind)
+    return [replace(o, op_sac=shares[o.name][0], op_sac_v02=shares[o.name][1]) if o.name in shares else o
+            for o in ops]
+
+
+def torchtitan_linears(model: ModelSpec, kind: LayerKind = DENSE_LAYER) -> list[tuple[str, tuple[float, ...]]]:
+    """A transformer block's (of kind ``kind``) linear layers in the order torchtitan's forward calls them, as (the planner op that
+    holds them, the output width of each nn.Linear it fuses): attention Q, K, V (torchtitan's QKVLinear:
+    ``self.wq(x), self.wk(x), self.wv(x)``, torchtitan/models/common/attention.py) or MLA's wq_a, wq_b, wkv_a,
+    wkv_b (models/deepseek_v3), the out-projection wo, then the feed-forward's w1, w3, w2
+    (``self.w2(F.silu(self.w1(x)) * self.w3(x))``, models/common/feed_forward.py; w1, w2 without a gate) -- a MoE
+    block's shared experts' (its router gate is recomputed by name, its routed experts run ``torch._grouped_mm``:
+    neither is counted)."""
+    if model.is_mla:
+        qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
+        q = ([("q_down_proj", (model.q_lora_rank,)), ("q_up_proj", (model.num_heads * qk_head,))]
+             if model.q_lora_rank else [("q_proj", (model.num_heads * qk_head,))])
+        attn = q + [("kv_down_proj", (model.kv_lora_rank + model.qk_rope_head_dim,)),
+                    ("kv_up_proj", (model.num_heads * (model.qk_nope_head_dim + model.v_head_dim),))]
+    else:
+        attn = [("qkv_proj", (model.q_dim, model.kv_dim, model.kv_dim))]
+    attn.append(("attn_out_proj", (model.hidden_size,)))
+    f = (model.moe_ffn_hidden_size * model.num_shared_experts if kind.moe
+         else model.ffn_hidden_size if kind.ffn else 0)
+    first, second = ("shared_experts_in", "shared_experts_out") if kind.moe else ("mlp_in", "mlp_out")
+    ffn = [(first, (f, f) if model.gated_mlp else (f,)), (second, (model.hidden_size,))] if f else []
+    return attn + ffn
+
+
+#: ops torchtitan's per-op policy always runs again: memory-bound kernels (no save list names a pointwise or
+#: normalization op), the router's gate (``force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``) and the routed
+#: experts' grouped GEMMs (``torch._grouped_mm`` is not among PyTorch's compute-intensive ops,
+#: torch/_functorch/partitioners.py ``get_default_op_list``, torch 2.13), with the token permutation around them
+OP_SAC_RERUN = ("norms", "residual", "mlp_act", "moe_act", "rope", "qk_norm", "softmax_dropout", "router",
+                "experts_in", "experts_out", "experts_in_fp8_cast", "experts_out_fp8_cast", "experts_out_bias",
+                "moe_permute", "mlp_act_fp8_store", "moe_act_fp8_store")
+
+
+def op_sac_shares(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> dict[str, tuple]:
+    """Per op of a transformer block of kind ``kind``, the share of its forward that torchtitan's per-op selective activation
+    checkpointing runs again in backward, under "op_sac" (torchtitan 0.3) and "op_sac_v02" (0.2.x)
+    (torchtitan/distributed/activation_checkpoint.py: each checkpointed block counts its ``aten.mm`` calls and
+    saves the outputs of the odd ones, recomputing every second; SDPA, collective and, in 0.3, ``aten._scaled_mm``
+    outputs are saved; everything else runs again). 16-bit linear layers alternate along
+    :func:`torchtitan_linears` (Llama: wk, wo and w3 run again, a fused op re-running the share of its width they
+    are); fp8 linear layers call ``torch._scaled_mm``, never ``aten.mm``: 0.3 saves each one's output, 0.2.x none
+    (re-running each with its quantization); the attention kernel is saved (0); :data:`OP_SAC_RERUN` runs again
+    (1)."""
+    low = np.isin(np.asarray(cfg.precision), ("fp8", "mxfp8"))
+    shares: dict[str, tuple] = {name: (1.0, 1.0) for name in OP_SAC_RERUN}
+    count = 0
+    for name, widths in torchtitan_linears(model, kind):
+        again = 0.0
+        for width in widths:
+            count += 1
+            again += width if count % 2 == 0 else 0.0
+        mm = again / sum(widths)
+        op_sac, v02 = np.where(low, 0.0, mm), np.where(low, 1.0, mm)
+        shares[name] = shares[f"{name}_fp8_cast"] = (op_sac, v02)
+    return shares
 
 
 def attention_ops(model: ModelSpec, cfg: Config, window: bool | None = None) -> list[Op]:
@@ -731,14 +797,19 @@ def op_bwd_time_s(op: Op, gpu: GPU, fwd_s):
 
 
 def recomputed(op: Op, modules):
-    """1 where selective recomputation under ``modules`` (a configuration's ``recompute_modules``, or an array of
-    them) redoes ``op`` in backward, else 0."""
+    """The share of ``op``'s forward that selective recomputation under ``modules`` (a configuration's
+    ``recompute_modules``, or an array of them) redoes in backward: 1 where one of its Megatron-Core modules is on,
+    its :func:`op_sac_shares` share under a torchtitan policy, else 0."""
+    sac = 0.0
+    if not (isinstance(modules, str) and "op_sac" not in modules):
+        sac = np.maximum(np.where(recompute_module_on(modules, "op_sac"), op.op_sac, 0.0),
+                         np.where(recompute_module_on(modules, "op_sac_v02"), op.op_sac_v02, 0.0))
     if not op.recompute_module:
-        return 0.0
+        return sac
     on = False
     for module in op.recompute_module.split(","):
         on = on | recompute_module_on(modules, module)
-    return np.where(on & np.asarray(op.recompute_when, dtype=bool), 1.0, 0.0)
+    return np.maximum(np.where(on & np.asarray(op.recompute_when, dtype=bool), 1.0, 0.0), sac)
 
 
 def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:

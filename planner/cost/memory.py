@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.compute import ACT_BYTES, FP8_STORE_BYTES, Config, image_keys, moe_load, expert_tp_token_share, sp_degree
+from planner.cost.compute import (ACT_BYTES, FP8_STORE_BYTES, Config, expert_tp_token_share, image_keys, moe_load,
+                                  sp_degree, torchtitan_linears)
 from planner.specs.config import per_precision, recompute_module_on
 from planner.specs.model import DENSE_LAYER, MOE_LAYER, LayerKind, ModelSpec
 
@@ -192,6 +193,43 @@ def activation_input_bytes(model: ModelSpec, cfg: Config):
     return np.where(np.asarray(cfg.activation_fp8_input_store, dtype=bool), 2 * FP8_STORE_BYTES, 2 * ACT_BYTES)
 
 
+#: the planner ops of torchtitan's row-parallel linear layers (their mm output, before the TP reduce-scatter, is
+#: the whole hidden width on every TP rank) and of the down-projections the planner keeps whole on every TP rank
+ROW_PARALLEL_OPS = ("attn_out_proj", "mlp_out", "shared_experts_out")
+UNSPLIT_OPS = ("q_down_proj", "kv_down_proj")
+
+
+def op_sac_bytes_per_token(model: ModelSpec, cfg: Config, kind: LayerKind, policy: str):
+    """Bytes per token a transformer block keeps for backward on one GPU under torchtitan's per-op selective
+    checkpointing (``policy`` "op_sac" or "op_sac_v02", :func:`planner.cost.compute.op_sac_shares`): the block's
+    input (bf16, split by SP as the checkpoint wrapper receives it), the outputs of the ops its policy saves and
+    nothing else (torchtitan/distributed/activation_checkpoint.py: MUST_SAVE ops' outputs are cached for the
+    recompute; the tensors backward needs are re-created by it): the odd 16-bit matmuls along
+    ``compute.torchtitan_linears`` (a column-parallel one's output split by TP, a row-parallel one's whole before
+    its reduce-scatter) or, in fp8, every linear layer's output under "op_sac" (``aten._scaled_mm`` saved) and none
+    under "op_sac_v02"; the reduce-scatters' outputs (TP with SP, one per block); the attention kernel's output and
+    its fp32 log-sum-exp; a MoE block's two all-to-all outputs (its k token copies out and back, EP > 1)."""
+    t, h = cfg.tp, model.hidden_size
+    sp = sp_degree(cfg)
+    low = np.isin(np.asarray(cfg.precision), ("fp8", "mxfp8"))
+    kept = 2.0 * h / sp
+    count = 0
+    for name, widths in torchtitan_linears(model, kind):
+        split = 1.0 if name in ROW_PARALLEL_OPS or name in UNSPLIT_OPS else 1.0 / t
+        for width in widths:
+            count += 1
+            saved_16bit = 1.0 if count % 2 else 0.0
+            saved = np.where(low, 1.0 if policy == "op_sac" else 0.0, saved_16bit)
+            kept = kept + saved * ACT_BYTES * width * split
+    blocks_scattered = kind.blocks * np.where((np.asarray(t) > 1) & (np.asarray(sp) > 1), 1.0, 0.0)
+    kept = kept + blocks_scattered * ACT_BYTES * h / sp
+    kept = kept + ACT_BYTES * model.attn_out_dim / t + 4 * model.num_heads / t
+    if kind.moe:
+        k = model.experts_per_token * moe_load(cfg)
+        kept = kept + np.where(np.asarray(cfg.ep) > 1, 2 * ACT_BYTES * k * h * expert_tp_token_share(cfg), 0.0)
+    return kept
+
+
 def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | None = None,
                                kind: LayerKind = DENSE_LAYER):
     """Activation bytes one layer of kind ``kind`` keeps for backward, one micro-batch, on one GPU.
@@ -292,6 +330,10 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         # is the projector's output, one tensor every such layer shares (memory.vision_projector_activation_bytes),
         # plus in fp8 each layer's quantized copy of it
         image = cfg.micro_batch_size * keys * (3 * 2 * model.kv_dim / t + fp8_copy * h)
+    if attention:  # torchtitan's per-op policies keep what their save lists name (validity: attention layers only)
+        for policy in ("op_sac", "op_sac_v02"):
+            if np.any(on(policy)):
+                per_token = np.where(on(policy), op_sac_bytes_per_token(model, cfg, kind, policy), per_token)
     return np.where(mode == "full", tokens * 2 * h / sp, tokens * per_token + image)
 
 

@@ -238,6 +238,18 @@ def tp_layer_comm_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: c
     return np.where(has_tp, fwd, 0.0), np.where(has_tp, bwd, 0.0)
 
 
+def tp_regather_s(model: ModelSpec, cluster: Cluster, cfg: Config, tp_group: comm.GroupPlacement, blocks: int):
+    """TP communication torchtitan's per-op selective checkpointing (recompute modules "op_sac", "op_sac_v02") runs
+    again in backward: its save list keeps the reduce-scatters' outputs (``_c10d_functional.reduce_scatter_tensor``)
+    but not the all-gathers' nor an all-reduce's (torchtitan/distributed/activation_checkpoint.py), so each of the
+    layer's ``blocks`` TP-split blocks gathers its sequence-parallel input again (or all-reduces again without SP)
+    when its recomputed linear layers need it; 0 without TP."""
+    msg = cfg.tokens_per_rank * model.hidden_size * ACT_BYTES
+    sp = np.asarray(cfg.sequence_parallel, dtype=bool)
+    per_block = np.where(sp, comm.all_gather_s(cluster, tp_group, msg), comm.all_reduce_s(cluster, tp_group, msg))
+    return np.where(np.asarray(cfg.tp) > 1, blocks * per_block, 0.0)
+
+
 def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Groups,
                 kind: LayerKind = DENSE_LAYER) -> LayerCost:
     """Costs of one decoder layer of kind ``kind`` (``ModelSpec.layer_kinds``: dense or MoE, global or
@@ -296,6 +308,10 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
         ep_fwd = np.where(np.asarray(cfg.ep_comm_overlap, dtype=bool), paired, ep_fwd)
         tp_fwd = np.where(gathered, mixer_fwd, tp_fwd)
         tp_bwd = np.where(gathered, mixer_bwd, tp_bwd)
+    sac = recompute_module_on(cfg.recompute_modules, "op_sac") | recompute_module_on(cfg.recompute_modules,
+                                                                                   "op_sac_v02")
+    if np.any(sac) and kind.mixer == "attention":
+        rec_tp = rec_tp + np.where(sac, tp_regather_s(model, cluster, cfg, groups.tp, len(windows)), 0.0)
     selective = np.asarray(cfg.recompute) == "selective"
     rec_flops = sum(o.flops * recomputed(o, cfg.recompute_modules) for o in ops)
     # fine-grained activation offloading (Megatron-Core): the listed module inputs go to host memory as the layer's

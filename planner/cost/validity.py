@@ -7,9 +7,9 @@ import numpy as np
 from planner.cost.data_parallel import expert_dp_degree
 from planner.cost.schedule import SCHEDULES
 from planner.errors import PlannerError
-from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, PRECISIONS, RECOMPUTE_MODES, ZERO_STAGES,
-                                   RunConfig, canonical_recompute_modules, comm_reserved_sms_value, even_layer_split,
-                                   moe_load_factor_value, recompute_module_on)
+from planner.specs.config import (CP_KINDS, OP_SAC_MODULES, PRECISIONS, RECOMPUTE_MODES,
+                                   ZERO_STAGES, RunConfig, canonical_recompute_modules, comm_reserved_sms_value,
+                                   even_layer_split, moe_load_factor_value, recompute_module_on)
 from planner.specs.hardware import Cluster
 from planner.specs.model import ModelSpec
 
@@ -72,16 +72,22 @@ def hsdp_splits_expert_dp(model: ModelSpec, dp, cp, ep, tp, etp, dp_shard):
 
 
 def recompute_modules_problem(model: ModelSpec, modules: str, recompute: str = "selective") -> str | None:
-    """Why ``modules`` (a configuration's ``recompute_modules``) cannot be recomputed for ``model``, or None."""
+    """Why ``modules`` (a configuration's ``recompute_modules``) cannot be recomputed for ``model``, or None. They
+    shape selective recomputation only: under ``recompute`` none or full a search row or a plan keeps its space's
+    modules, which nothing prices (``planner estimate`` refuses them given with another mode)."""
     try:
         canonical = canonical_recompute_modules(modules)
     except ValueError as e:
         return str(e)
     if canonical != modules:
         return f"'{modules}' is not in canonical form; write '{canonical}'"
-    if modules != DEFAULT_RECOMPUTE_MODULES and recompute != "selective":
-        return "recompute modules apply to selective recomputation; add --recompute selective or drop " \
-               "--recompute-modules"
+    policies = [m for m in OP_SAC_MODULES if recompute_module_on(modules, m)]
+    if policies and modules != policies[0]:
+        return f"{policies[0]} is torchtitan's per-op policy and picks every op itself; give it alone " \
+               f"(--recompute-modules {policies[0]}) or give Megatron-Core modules without it"
+    if policies and any(k.mixer != "attention" for k in model.layer_kinds):
+        return f"{policies[0]} (torchtitan's per-op checkpointing) is priced for transformer blocks; {model.name} " \
+               "has Mamba or cross-attention layers: use Megatron-Core modules (e.g. core_attn)"
     if recompute_module_on(modules, "mla_up_proj") and not model.is_mla:
         return f"mla_up_proj needs multi-head latent attention, which {model.name} does not have; drop it"
     if recompute_module_on(modules, "moe_act") and not model.is_moe:

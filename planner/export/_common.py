@@ -85,6 +85,58 @@ def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
                         fix=f"{fix}; `planner plan ... --emit {launcher}` searches only what {launcher} runs")
 
 
+#: the recompute modules each launcher's selective recomputation can run, by the precision of its linear layers
+#: ("16-bit" or "fp8", config.PRECISIONS): Megatron-Core's modules (Megatron-LM, Megatron-Bridge), torchtitan's
+#: per-op policy of its release (0.2.x: op_sac_v02; 0.3: op_sac, torchtitan/distributed/activation_checkpoint.py),
+#: the other release's where the two save the same ops (16-bit linear layers: both alternate their matmuls), or
+#: Megatron-Core's default modules, in whose place it runs its own policy (a plan priced so says it in its notes),
+#: and Megatron-DeepSpeed's core attention only
+def launcher_recompute_problem(launcher: str, modules: str, precision: str) -> tuple[str, str] | None:
+    """(what, fix) where ``launcher``'s selective recomputation cannot redo what ``modules`` priced, else None."""
+    from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, OP_SAC_MODULES
+
+    low = precision in ("fp8", "mxfp8")
+    own = {"torchtitan": "op_sac_v02", "torchtitan-0.3": "op_sac"}.get(launcher)
+    if own is not None:
+        other = next(m for m in OP_SAC_MODULES if m != own)
+        # Megatron-Core's default modules: torchtitan runs its own policy instead (the exporters' notes say so)
+        if modules in (own, DEFAULT_RECOMPUTE_MODULES) or (modules == other and not low):
+            return None
+        if modules == other:
+            return (f"selective recomputation priced with {other} (the other torchtitan release's per-op policy, "
+                    f"which treats {precision} linear layers differently)",
+                    f"plan with --recompute-modules {own}, or export to "
+                    f"{'torchtitan-0.3' if launcher == 'torchtitan' else 'torchtitan'}")
+        return (f"selective recomputation of {modules} (torchtitan's selective activation checkpointing picks ops by "
+                "its own per-op policy, not Megatron-Core's modules)",
+                f"plan with --recompute-modules {own} (or --stack torchtitan), or export to megatron / nemo")
+    if modules in OP_SAC_MODULES:
+        return (f"selective recomputation priced with {modules} (torchtitan's per-op checkpointing)",
+                "plan with Megatron-Core --recompute-modules (e.g. core_attn), or export to torchtitan")
+    if launcher == "deepspeed" and modules != DEFAULT_RECOMPUTE_MODULES:
+        return (f"selective recomputation of {modules} (Megatron-DeepSpeed's selective granularity checkpoints the "
+                "core attention only)", "plan with the default --recompute-modules, or export to megatron / nemo")
+    return None
+
+
+def op_sac_note(cfg: RunConfig, own: str) -> str:
+    """The exporters' note on selective recomputation for torchtitan, whose release runs policy ``own``: priced as
+    it runs, or priced with Megatron-Core's modules while torchtitan re-runs more."""
+    if cfg.recompute_modules in ("op_sac", "op_sac_v02"):
+        return "selective recomputation is torchtitan's per-op policy (mode \"selective\"), as the plan priced it"
+    return (f"selective recomputation runs torchtitan's per-op policy, which re-runs every second matmul and the "
+            f"norms, where the plan priced Megatron-Core's {cfg.recompute_modules}: step time will be longer and "
+            f"activation memory lower than estimated (plan with --recompute-modules {own} to price it)")
+
+
+def refuse_recompute_modules(launcher: str, cfg: RunConfig) -> None:
+    """Refuse a plan whose selective recomputation ``launcher`` does not run (:func:`launcher_recompute_problem`)."""
+    if cfg.recompute == "selective":
+        problem = launcher_recompute_problem(launcher, cfg.recompute_modules, cfg.precision)
+        if problem is not None:
+            raise unsupported(launcher, *problem)
+
+
 def refuse_pipeline_flushes(launcher: str, cfg: RunConfig) -> None:
     """Refuse gradient accumulation over separate runs of the pipeline schedule (``pipeline_flushes`` > 1,
     torchtitan's way) for a launcher that runs every micro-batch of a step in one schedule."""

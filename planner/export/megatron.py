@@ -21,7 +21,8 @@ from typing import Any
 
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 from planner.export._common import (PlanView, first_last_split, read_plan, recompute_counts,
-                                    refuse_pipeline_flushes, summary_comment, uniform_recompute_count, unsupported)
+                                    refuse_pipeline_flushes, refuse_recompute_modules, summary_comment,
+                                    uniform_recompute_count, unsupported)
 
 LAUNCHER = "megatron"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -269,6 +270,7 @@ def arguments(plan: Any, source: str = "<plan>") -> list[str]:
     if cfg.ep_comm_overlap:  # the batch-level EP overlap needs the split weight-gradient pass
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     # recomputation
+    refuse_recompute_modules(LAUNCHER, cfg)
     if cfg.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
         if cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:  # Megatron-Core's default is core_attn

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.export._common import (PlanView, read_plan, recompute_counts, summary_comment, uniform_recompute_count,
-                                    unsupported)
+from planner.export._common import (PlanView, read_plan, recompute_counts, refuse_recompute_modules, summary_comment,
+                                    uniform_recompute_count, unsupported)
 from planner.export.megatron import (CP_COMM_TYPE, FSDP_SHARDING, attention_backend, check_plan,
                                      current_scaling_needed, dispatcher_fields, environment, fp8_param_gather,
                                      hybrid_pattern, layout_string)
@@ -78,6 +78,7 @@ def overrides(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         out["model.pipeline_model_parallel_layout"] = layout_string(view.layers_per_stage)
     out.update({"model.seq_length": cfg.seq_len, "dataset.seq_length": cfg.seq_len,
                 "train.micro_batch_size": cfg.micro_batch_size, "train.global_batch_size": cfg.global_batch_size})
+    refuse_recompute_modules(LAUNCHER, cfg)
     if cfg.recompute == "selective":
         out["model.recompute_granularity"] = "selective"
         out["model.recompute_modules"] = cfg.recompute_modules.split(",") if cfg.recompute_modules else []

@@ -16,7 +16,22 @@ from typing import Any
 from planner.errors import InfeasibleError, PlannerError
 from planner.export import TARGETS, export
 from planner.export import megatron, torchtitan
+from planner.export._common import launcher_recompute_problem
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS
+
+
+#: the recompute modules a launcher's own selective recomputation redoes, where they are not Megatron-Core's default:
+#: torchtitan's per-op policy of each release (planner.export._common.launcher_recompute_problem)
+LAUNCHER_RECOMPUTE_MODULES = {"torchtitan": "op_sac_v02", "torchtitan-0.3": "op_sac"}
+
+
+def default_recompute_modules(stack: Any = None, launcher: str | None = None) -> str:
+    """What selective recomputation redoes when ``--recompute-modules`` is not given: the policy of the launcher
+    the plan is emitted to (torchtitan's release), else the stack's (``options.recompute_modules``), else
+    Megatron-Core's default."""
+    if launcher in LAUNCHER_RECOMPUTE_MODULES:
+        return LAUNCHER_RECOMPUTE_MODULES[launcher]
+    return stack.recompute_modules if stack is not None else DEFAULT_RECOMPUTE_MODULES
 
 
 #: the MoE token dispatchers each launcher's configs can name (Megatron-LM and Megatron-Bridge: the all-to-all and
@@ -25,21 +40,22 @@ LAUNCHER_DISPATCHERS = {"megatron": EP_DISPATCHERS, "nemo": EP_DISPATCHERS}
 
 
 def launcher_spaces(target: str, option: str = "--launcher", precision: str = "bf16",
-                    recompute_modules: str = DEFAULT_RECOMPUTE_MODULES) -> list[Any]:
+                    recompute_modules: str | None = None) -> list[Any]:
     """Search spaces whose union is (a safe subset of) what ``target`` can run, for a run at ``precision`` whose
-    selective recomputation redoes ``recompute_modules``."""
+    selective recomputation redoes ``recompute_modules`` (None: the launcher's own, :func:`default_recompute_modules`)."""
     from planner.search.space import SearchSpace
 
     if target not in TARGETS:
         raise PlannerError(f"unknown launcher '{target}'", source=option, fix=f"use one of: {', '.join(TARGETS)}")
+    if recompute_modules is None:
+        recompute_modules = default_recompute_modules(None, target)
     refused = {"deepspeed": ("fp8", "mxfp8"), "torchtitan": ("fp16",), "torchtitan-0.3": ("fp16",)}.get(target, ())
     if precision in refused:
         raise PlannerError(f"{target} cannot train with {precision} GEMMs", source="--precision",
                            fix="use another --precision or launcher (megatron and nemo run bf16, fp16, fp8, mxfp8)")
-    if recompute_modules != DEFAULT_RECOMPUTE_MODULES and target not in ("megatron", "nemo"):
-        raise PlannerError(f"{target} cannot choose which modules selective recomputation redoes "
-                           f"({recompute_modules})", source="--recompute-modules",
-                           fix="drop --recompute-modules, or use megatron / nemo (Megatron-Core --recompute-modules)")
+    problem = launcher_recompute_problem(target, recompute_modules, precision)
+    if problem is not None:
+        raise PlannerError(f"{target} cannot run {problem[0]}", source="--recompute-modules", fix=problem[1])
     base = SearchSpace(precision=precision, recompute_modules=recompute_modules,
                        ep_dispatchers=tuple(d for d in SearchSpace.ep_dispatchers
                                             if d in LAUNCHER_DISPATCHERS.get(target, ("alltoall",))))
@@ -74,7 +90,7 @@ def launcher_spaces(target: str, option: str = "--launcher", precision: str = "b
 
 
 def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
-                 recompute_modules: str = DEFAULT_RECOMPUTE_MODULES) -> list[Any]:
+                 recompute_modules: str | None = None) -> list[Any]:
     """The search spaces of what ``stack`` (a ``planner.specs.stack.Stack``) runs, exported to ``target`` (default:
     the stack's own launcher): the launcher's spaces narrowed to the stack's schedules, ZeRO stages, CP kinds and TP
     overlap choices, with the stack's runtime options. Names the stack file gives that are unknown here are refused
@@ -82,6 +98,8 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
     from planner.cost.schedule import SCHEDULES
 
     target = target or stack.launcher
+    if recompute_modules is None:
+        recompute_modules = default_recompute_modules(stack, target)
     if stack.launcher not in TARGETS:
         raise PlannerError(f"unknown launcher '{stack.launcher}'", source=f"stack {stack.name}", field="launcher",
                            fix=f"use one of: {', '.join(TARGETS)}")
@@ -128,7 +146,7 @@ def stack_target(stack: Any, launcher: str | None, activation_fp8_input_store: b
 def plan_for_launcher(model: Any, cluster: Any, num_gpus: int, global_batch_size: int, seq_len: int, target: str, *,
                       top_k: int = 1, objective: str = "time", max_memory_gib: float | None = None,
                       refine_partition: bool = True, option: str = "--launcher", precision: str = "bf16",
-                      stack: Any = None, recompute_modules: str = DEFAULT_RECOMPUTE_MODULES,
+                      stack: Any = None, recompute_modules: str | None = None,
                       constraints: Any = None, packed_doc_len: float = 0.0, offload_modules: str = "",
                       packed_attention_cv: float = 0.0, attention_kernel: str | None = None,
                       ep_dispatcher: str | None = None, adam_moment_bytes: int = 4,

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 from planner.export._common import (PlanView, read_plan, recompute_counts, refuse_megatron_core_only,
-                                    summary_comment, unsupported)
+                                    op_sac_note, refuse_recompute_modules, summary_comment, unsupported)
 
 LAUNCHER = "torchtitan"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -125,10 +124,7 @@ def check_runs(cfg, launcher: str) -> str | None:
     """Refuse what no torchtitan release runs (Megatron's recompute modules, Ulysses CP, schedules torch has no class
     for, V schedules without two stages per rank); the torch.distributed.pipelining schedule name (None without PP).
     Shared by the 0.2 and 0.3 exporters."""
-    if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
-        raise unsupported(launcher, f"selective recomputation of {cfg.recompute_modules} (torchtitan's selective "
-                                    "activation checkpointing picks ops by its own policy, not Megatron's modules)",
-                          "plan with the default --recompute-modules, or export to megatron / nemo")
+    refuse_recompute_modules(launcher, cfg)
     if cfg.cp > 1 and cfg.cp_kind not in CP_ROTATE:
         raise unsupported(launcher, f"{cfg.cp_kind} context parallelism (torchtitan's context parallelism is "
                                     "ring attention)", "plan with cp_kind ring or export to megatron")
@@ -214,7 +210,7 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
         out.append("torchtitan shards norms and dropout along the sequence with TP (sequence parallel); the plan "
                    "assumed no SP, so activation memory will be lower than estimated")
     if cfg.recompute == "selective":
-        out.append("selective recompute maps to torchtitan's op-level policy (selective_ac_option = \"op\")")
+        out.append(op_sac_note(cfg, "op_sac_v02") + " (selective_ac_option = \"op\")")
     if cfg.tp_comm_overlap and cfg.tp > 1:
         out.append("async tensor parallelism needs torch.compile ([compile] enable = true)")
     return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.export._common import (PlanView, read_plan, recompute_counts, refuse_megatron_core_only,
+from planner.export._common import (PlanView, op_sac_note, read_plan, recompute_counts, refuse_megatron_core_only,
                                     summary_comment, unsupported)
 from planner.export.torchtitan import check_runs, data_parallel_degrees, stage_modules
 
@@ -178,7 +178,7 @@ def notes(plan: Any, source: str = "<plan>") -> list[str]:
     if cfg.zero_stage in (1, 2) and cfg.dp > 1:
         out.append(f"ZeRO-{cfg.zero_stage} maps to FSDP2 with fsdp_reshard_after_forward = \"never\"")
     if cfg.recompute == "selective":
-        out.append("selective recomputation maps to torchtitan's op-level SelectiveAC")
+        out.append(op_sac_note(cfg, "op_sac") + " (SelectiveAC)")
     if cfg.precision in ("fp8", "mxfp8"):
         out.append("fp8 / mxfp8 need torchao and a GPU that has them (the converter checks at model build)")
     return out

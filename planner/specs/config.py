@@ -20,7 +20,16 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 #: the two norms, MLA's up-projections and RoPE, a dense layer's MLP, a whole MoE block (router, dispatch, experts,
 #: combine and shared experts: MoELayer's checkpointed forward, megatron/core/transformer/moe/moe_layer.py
 #: ``moe_layer_recompute``), the experts' activation function. Megatron's "shared_experts" is not modelled.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act")
+#: After them, torchtitan's per-op selective activation checkpointing, which picks ops by a policy instead of modules
+#: (torchtitan/distributed/activation_checkpoint.py, ``mode = "selective"``): every transformer block saves the
+#: outputs of its compute-intensive and communication ops and re-runs everything else in backward, every second
+#: matmul included. "op_sac" is the policy of torchtitan 0.3 (one save set for every model: PyTorch's
+#: ``get_default_op_list().compute_intensive_ops``, which holds ``aten._scaled_mm``, so fp8 linear layers are never
+#: re-run); "op_sac_v02" that of torchtitan 0.2.x and earlier (a per-model save list without ``torch._scaled_mm``, so
+#: every fp8 linear layer runs again). Either stands alone (planner.cost.compute.op_sac_shares says what each re-runs).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "op_sac", "op_sac_v02")
+#: the recompute "modules" that are torchtitan's per-op policies, not Megatron-Core modules
+OP_SAC_MODULES = ("op_sac", "op_sac_v02")
 #: Megatron-Core's default modules of selective recomputation
 DEFAULT_RECOMPUTE_MODULES = "core_attn"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.specs.config import ADAM_MOMENT_DTYPES, CP_KINDS, EP_DISPATCHERS, ZERO_STAGES, RunConfig
+from planner.specs.config import (ADAM_MOMENT_DTYPES, CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, ZERO_STAGES,
+                                   RunConfig, canonical_recompute_modules)
 from planner.specs.hardware import ATTENTION_KERNELS, Cluster, expert_call_times
 from planner.specs.model import _data_dir, _resolve, read_json_file
 
@@ -28,7 +29,7 @@ OPTION_KEYS = ("flash_attention", "overlap_grad_reduce", "overlap_param_gather",
                "grad_reduce_dtype", "attention_kernel", "per_expert_gemm_calls", "moe_overlap_fills_issue_gaps",
                "fp8_param_gather",
                "te_quantized_weights", "grads_in_reduce_dtype", "recompute_fused_attention", "overlap_p2p_comm",
-               "ep_dispatcher")
+               "ep_dispatcher", "recompute_modules")
 #: the options a stack decides that a search holds fixed (of ``config.FIXED_FIELDS``; the run's precision, the
 #: recompute and offload modules and the data's packing are the request's)
 STACK_FIXED_FIELDS = ("attention_kernel", "per_expert_gemm_calls", "moe_overlap_fills_issue_gaps", "fp8_param_gather",
@@ -111,6 +112,10 @@ class Stack:
     #: the same after Megatron-Core's all-to-all dispatcher (``expert_gemm_call_us_alltoall``), where the release
     #: gives it apart
     expert_gemm_call_s_alltoall: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    #: what its selective recomputation redoes unless ``--recompute-modules`` says otherwise
+    #: (``options.recompute_modules``, ``config.RECOMPUTE_MODULES``; absent: Megatron-Core's default, core_attn;
+    #: torchtitan: the per-op policy of the release its launcher writes, "op_sac_v02")
+    recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
 
     def on_cluster(self, cluster: Cluster) -> Cluster:
         """``cluster`` as this stack runs on it: the profile's expert GEMM issue times, with this stack's where it
@@ -220,6 +225,19 @@ def _issue_times(data: dict, key: str, source: str) -> tuple[tuple[str, tuple[tu
     return tuple((str(name), expert_call_times(v, source, f"{key}.{name}")) for name, v in calls.items())
 
 
+def _recompute_modules(opts: dict, source: str) -> str:
+    """``options.recompute_modules`` (absent: core_attn) in canonical form, refused with field and fix otherwise."""
+    value = opts.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES)
+    try:
+        canonical = canonical_recompute_modules(value) if isinstance(value, str) else None
+    except ValueError as e:
+        raise PlannerError(str(e), source=source, field="options.recompute_modules") from None
+    if canonical is None or canonical != value:
+        raise PlannerError(f"{value!r} is not a canonical comma list of recompute modules", source=source,
+                           field="options.recompute_modules", fix=f"write {canonical or DEFAULT_RECOMPUTE_MODULES!r}")
+    return value
+
+
 def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     """A stack from its JSON. Names that belong to later layers (schedules, the launcher) are checked where they
     are used (``planner.export.stack_spaces``), so that specs depend on nothing above them."""
@@ -286,4 +304,4 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
         ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, expert_gemm_call_s_alltoall=call_s_alltoall,
-        ep_dispatcher_choices=dispatchers)
+        ep_dispatcher_choices=dispatchers, recompute_modules=_recompute_modules(opts, source))
