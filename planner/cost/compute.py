@@ -170,10 +170,10 @@ def layer_ops(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> l
 
 
 def torchtitan_linears(model: ModelSpec, kind: LayerKind = DENSE_LAYER) -> list[tuple[str, tuple[float, ...]]]:
-    """A transformer block's (of kind ``kind``) linear layers in the order torchtitan's forward calls them, as (the planner op that
-    holds them, the output width of each nn.Linear it fuses): attention Q, K, V (torchtitan's QKVLinear:
-    ``self.wq(x), self.wk(x), self.wv(x)``, torchtitan/models/common/attention.py) or MLA's wq_a, wq_b, wkv_a,
-    wkv_b (models/deepseek_v3), the out-projection wo, then the feed-forward's w1, w3, w2
+    """The linear layers of a transformer block of kind ``kind`` in the order torchtitan's forward calls them, as
+    (the planner op that holds them, the output width of each nn.Linear it fuses): attention Q, K, V (torchtitan's
+    QKVLinear: ``self.wq(x), self.wk(x), self.wv(x)``, torchtitan/models/common/attention.py) or MLA's wq_a, wq_b,
+    wkv_a, wkv_b (models/deepseek_v3), the out-projection wo, then the feed-forward's w1, w3, w2
     (``self.w2(F.silu(self.w1(x)) * self.w3(x))``, models/common/feed_forward.py; w1, w2 without a gate) -- a MoE
     block's shared experts' (its router gate is recomputed by name, its routed experts run ``torch._grouped_mm``:
     neither is counted)."""
@@ -203,8 +203,8 @@ OP_SAC_RERUN = ("norms", "residual", "mlp_act", "moe_act", "rope", "qk_norm", "s
 
 
 def op_sac_shares(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> dict[str, tuple]:
-    """Per op of a transformer block of kind ``kind``, the share of its forward that torchtitan's per-op selective activation
-    checkpointing runs again in backward, under "op_sac" (torchtitan 0.3) and "op_sac_v02" (0.2.x)
+    """Per op of a transformer block of kind ``kind``, the share of its forward that torchtitan's per-op selective
+    activation checkpointing runs again in backward, under "op_sac" (torchtitan 0.3) and "op_sac_v02" (0.2.x)
     (torchtitan/distributed/activation_checkpoint.py: each checkpointed block counts its ``aten.mm`` calls and
     saves the outputs of the odd ones, recomputing every second; SDPA, collective and, in 0.3, ``aten._scaled_mm``
     outputs are saved; everything else runs again). 16-bit linear layers alternate along

@@ -42,7 +42,8 @@ LAUNCHER_DISPATCHERS = {"megatron": EP_DISPATCHERS, "nemo": EP_DISPATCHERS}
 def launcher_spaces(target: str, option: str = "--launcher", precision: str = "bf16",
                     recompute_modules: str | None = None) -> list[Any]:
     """Search spaces whose union is (a safe subset of) what ``target`` can run, for a run at ``precision`` whose
-    selective recomputation redoes ``recompute_modules`` (None: the launcher's own, :func:`default_recompute_modules`)."""
+    selective recomputation redoes ``recompute_modules`` (None: the launcher's own,
+    :func:`default_recompute_modules`)."""
     from planner.search.space import SearchSpace
 
     if target not in TARGETS:
