@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.specs.config import ConfigBatch, RunConfig, recompute_module_on
+from planner.specs.config import ConfigBatch, RunConfig, recompute_module_on, single_value
 from planner.specs.hardware import GPU, AttentionKernel
 from planner.specs.model import DENSE_LAYER, LayerKind, ModelSpec
 
@@ -796,12 +796,21 @@ def op_bwd_time_s(op: Op, gpu: GPU, fwd_s):
     return attention_time_s(op, gpu, backward=True) if op.kind == "attention" else fwd_s * op.bwd_ratio
 
 
+def _may_hold_op_sac(modules) -> bool:
+    """Whether ``modules`` (a string, or an array of them over a batch) may name a torchtitan per-op policy: false
+    only where it is one string without one, the common case the search's batches skip the arithmetic for."""
+    if isinstance(modules, str):
+        return "op_sac" in modules
+    one = single_value(np.asarray(modules))
+    return one is None or "op_sac" in str(one)
+
+
 def recomputed(op: Op, modules):
     """The share of ``op``'s forward that selective recomputation under ``modules`` (a configuration's
     ``recompute_modules``, or an array of them) redoes in backward: 1 where one of its Megatron-Core modules is on,
     its :func:`op_sac_shares` share under a torchtitan policy, else 0."""
     sac = 0.0
-    if not (isinstance(modules, str) and "op_sac" not in modules):
+    if _may_hold_op_sac(modules):
         sac = np.maximum(np.where(recompute_module_on(modules, "op_sac"), op.op_sac, 0.0),
                          np.where(recompute_module_on(modules, "op_sac_v02"), op.op_sac_v02, 0.0))
     if not op.recompute_module:
