@@ -680,6 +680,9 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         if cfg.recompute_layers_per_stage is not None:  # AdaPipe-style depth per stage
             n_full = np.minimum(n, np.asarray(cfg.recompute_layers_per_stage, dtype=float))
     selective = cfg.recompute == "selective"
+    # torchtitan's per-op checkpointing re-runs most of a block: its transient is the full recompute's, less what it
+    # kept
+    op_sac = any(recompute_module_on(cfg.recompute_modules, m) for m in ("op_sac", "op_sac_v02"))
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
                                          "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb", "attn",
                                          "end_params")}
@@ -706,6 +709,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
         present = count > 0
         recomputing = (full_here > 0) | (selective and not cfg.flash_attention)  # the layer being recomputed
         workspace_j = np.maximum(workspace_j, np.where(present & recomputing, lc.act_none_bytes, 0.0))
+        if selective and op_sac:  # the block being re-run holds again what its policy did not save
+            workspace_j = np.maximum(workspace_j, np.where(present, lc.act_none_bytes - lc.act_bytes, 0.0))
         workspace_j = np.maximum(workspace_j, np.where(present, lc.buffer_bytes, 0.0))
         dense_pl, expert_pl = per_layer_params[k]
         q["expert_params"] += count * expert_pl
