@@ -126,6 +126,8 @@ def test_the_torchtitan_stack_prices_its_policy():
     unless --recompute-modules says otherwise; the plan JSON records it."""
     assert load_stack("torchtitan").recompute_modules == "op_sac_v02"
     assert load_stack("megatron-core").recompute_modules == "core_attn"
+    from planner.cli.listing import stack_rows
+    assert "selective recompute op_sac_v02" in next(r for r in stack_rows() if r["name"] == "torchtitan")["options"]
     runner = CliRunner()
     base = ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--stack", "torchtitan", "--gpus",
             "8", "--global-batch", "16", "--micro-batch", "2", "--seq-len", "8192", "--zero", "3", "--json"]

@@ -106,6 +106,7 @@ def launcher_rows() -> list[dict[str, Any]]:
 
 
 def stack_rows() -> list[dict[str, Any]]:
+    from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
     from planner.specs.stack import DEFAULT_STACK, load_stack, shipped_stacks
 
     def row(name: str, s) -> dict[str, Any]:
@@ -114,7 +115,8 @@ def stack_rows() -> list[dict[str, Any]]:
             [f"grad reduce {'fp32' if s.grad_reduce_bytes == 4 else 'bf16'}"] + \
             ([f"attention {s.attention_kernel}"] if s.attention_kernel and s.flash_attention else []) + \
             (["fp8 weights as Transformer Engine holds them"] if s.te_quantized_weights else []) + \
-            ([f"Adam moments {' or '.join(s.adam_moments)}"] if len(s.adam_moments) > 1 else [])
+            ([f"Adam moments {' or '.join(s.adam_moments)}"] if len(s.adam_moments) > 1 else []) + \
+            ([f"selective recompute {s.recompute_modules}"] if s.recompute_modules != DEFAULT_RECOMPUTE_MODULES else [])
         return {"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
                 "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
                 "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
