@@ -162,8 +162,8 @@ def layer_ops(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) -> l
     if kind.ffn:
         ops += ffn_ops(model, cfg, kind.moe)
     ops += elementwise_ops(model, cfg, kind)
-    if kind.mixer != "attention":  # torchtitan runs transformer blocks only (validity refuses op_sac elsewhere)
-        return ops
+    if kind.mixer != "attention":  # torchtitan's policies are priced for transformer blocks; a Mamba or
+        return ops                  # cross-attention layer under them re-runs nothing (torchtitan trains neither)
     shares = op_sac_shares(model, cfg, kind)
     return [replace(o, op_sac=shares[o.name][0], op_sac_v02=shares[o.name][1]) if o.name in shares else o
             for o in ops]

@@ -85,9 +85,6 @@ def recompute_modules_problem(model: ModelSpec, modules: str, recompute: str = "
     if policies and modules != policies[0]:
         return f"{policies[0]} is torchtitan's per-op policy and picks every op itself; give it alone " \
                f"(--recompute-modules {policies[0]}) or give Megatron-Core modules without it"
-    if policies and any(k.mixer != "attention" for k in model.layer_kinds):
-        return f"{policies[0]} (torchtitan's per-op checkpointing) is priced for transformer blocks; {model.name} " \
-               "has Mamba or cross-attention layers: use Megatron-Core modules (e.g. core_attn)"
     if recompute_module_on(modules, "mla_up_proj") and not model.is_mla:
         return f"mla_up_proj needs multi-head latent attention, which {model.name} does not have; drop it"
     if recompute_module_on(modules, "moe_act") and not model.is_moe:
