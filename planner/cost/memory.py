@@ -330,7 +330,7 @@ def activation_bytes_per_layer(model: ModelSpec, cfg: Config, recompute: str | N
         # is the projector's output, one tensor every such layer shares (memory.vision_projector_activation_bytes),
         # plus in fp8 each layer's quantized copy of it
         image = cfg.micro_batch_size * keys * (3 * 2 * model.kv_dim / t + fp8_copy * h)
-    if attention:  # torchtitan's per-op policies keep what their save lists name (validity: attention layers only)
+    if attention:  # torchtitan's per-op policies keep what their save lists name (other layers: all, unrecomputed)
         for policy in ("op_sac", "op_sac_v02"):
             if np.any(on(policy)):
                 per_token = np.where(on(policy), op_sac_bytes_per_token(model, cfg, kind, policy), per_token)
