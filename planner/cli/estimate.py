@@ -48,6 +48,25 @@ def parse_offload_modules(text: str | None) -> str:
             from None
 
 
+def profile_values(items: list[str] | None) -> dict[str, float]:
+    """``--profile-set PATH=VALUE`` (repeatable) as {path: value}; one-line errors naming the option."""
+    out: dict[str, float] = {}
+    for item in items or []:
+        path, sep, value = item.partition("=")
+        path = path.strip()
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or not path or number is None or not number > 0:
+            raise PlannerError(f"not PATH=VALUE with a positive number: '{item}'", source="--profile-set",
+                               fix="e.g. --profile-set inter_node.bandwidth_gb_s=12.5")
+        if path in out:
+            raise PlannerError(f"'{path}' given twice", source="--profile-set", fix="one --profile-set per field")
+        out[path] = number
+    return out
+
+
 def parse_recompute_modules(text: str) -> str:
     """``--recompute-modules core_attn,layernorm`` in canonical form (``config.canonical_recompute_modules``)."""
     try:
@@ -57,7 +76,7 @@ def parse_recompute_modules(text: str) -> str:
                            fix=f"e.g. --recompute-modules {DEFAULT_RECOMPUTE_MODULES},layernorm") from None
 
 
-from planner.specs.hardware import ATTENTION_KERNELS, check_attention_kernel, load_cluster
+from planner.specs.hardware import ATTENTION_KERNELS, check_attention_kernel, cluster_variant, load_cluster
 from planner.specs.model import load_model
 
 ATTENTION_KERNEL_HELP = ("Fused attention kernel whose table prices attention: " + " | ".join(ATTENTION_KERNELS) +
@@ -116,6 +135,10 @@ def estimate(
     grad_reduce_dtype: str = typer.Option(None, "--grad-reduce-dtype",
                                           help="Dtype of the DP gradient reduction: bf16 | fp32"),
     attention_kernel: str = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
+    profile_set: list[str] = typer.Option(None, "--profile-set",
+                                          help="PATH=VALUE: one numeric field of the cluster's profile replaced, "
+                                               "e.g. inter_node.bandwidth_gb_s=12.5 for a 100 Gb/s NIC per GPU "
+                                               "(repeatable; the paths `planner sweep --vary` takes)"),
     per_expert_gemm_calls: bool = typer.Option(None, "--per-expert-gemm-calls/--grouped-expert-gemm",
                                                help="MoE: the stack issues one GEMM per local expert from the host "
                                                     "(Megatron-Core + Transformer Engine) or one grouped kernel "
@@ -187,7 +210,9 @@ def estimate(
     modules = parse_recompute_modules(recompute_modules) if recompute_modules is not None else \
         run_stack.recompute_modules if recompute == "selective" else DEFAULT_RECOMPUTE_MODULES
     spec = load_model(model)
-    hw = run_stack.on_cluster(load_cluster(cluster))  # the stack release's expert GEMM issue times, if its own
+    changed = profile_values(profile_set)
+    base = cluster_variant(cluster, changed, "--profile-set") if changed else load_cluster(cluster)
+    hw = run_stack.on_cluster(base)  # the stack release's expert GEMM issue times, if its own
     if attention_kernel is not None:
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)
     cfg = RunConfig(num_gpus=gpus, tp=tp, pp=pp, cp=cp, cp_kind=cp_kind, ep=ep, vpp=vpp, global_batch_size=global_batch,

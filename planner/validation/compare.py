@@ -10,7 +10,8 @@ from planner.cost.compute import gpt_full_recompute_flops_eq3, model_flops_per_s
 from planner.cost.step import estimate
 from planner.errors import PlannerError
 from planner.specs.config import RunConfig
-from planner.specs.hardware import GIB, check_attention_kernel, derived_attention_kernel, load_cluster
+from planner.specs.hardware import (GIB, check_attention_kernel, cluster_variant, derived_attention_kernel,
+                                    load_cluster)
 from planner.specs.model import model_from_config
 from planner.specs.stack import DEFAULT_STACK, load_stack
 from planner.validation.bands import gpu_family
@@ -161,7 +162,9 @@ def row_stack(run: dict) -> str:
 def row_cluster(run: dict):
     """The cluster a row ran on as its stack runs there (``Stack.on_cluster``: the release's own expert GEMM issue
     times, where it has them)."""
-    return load_stack(row_stack(run)).on_cluster(load_cluster(run["cluster"]))
+    changed = run.get("profile_set")
+    base = cluster_variant(run["cluster"], changed, "profile_set") if changed else load_cluster(run["cluster"])
+    return load_stack(row_stack(run)).on_cluster(base)
 
 
 def estimate_command(run: dict) -> str:
@@ -177,6 +180,8 @@ def estimate_command(run: dict) -> str:
             parts.append(f"{flag} {getattr(cfg, name)}")
     if cfg.etp is not None:
         parts.append(f"--etp {cfg.etp}")
+    if cfg.dp_shard is not None:  # HSDP: sharded within groups of dp_shard ranks, replicated across them
+        parts.append(f"--dp-shard {cfg.dp_shard}")
     if cfg.cp > 1:
         parts.append(f"--cp-kind {cfg.cp_kind}")
     parts += [f"--schedule {cfg.schedule}", f"--recompute {cfg.recompute}", f"--zero {cfg.zero_stage}",
@@ -218,6 +223,8 @@ def estimate_command(run: dict) -> str:
         parts.append(f"--pipeline-flushes {cfg.pipeline_flushes}")
     if not cfg.fused_cross_entropy:
         parts.append("--no-fused-cross-entropy")
+    for path, value in run.get("profile_set", {}).items():  # the cluster as the row's source describes it
+        parts.append(f"--profile-set {path}={value:g}")
     return " ".join(parts)
 
 

@@ -1,0 +1,58 @@
+"""Validation rows on clusters whose network differs from a shipped profile's (``profile_set`` in a row,
+``planner estimate --profile-set PATH=VALUE``), and the public FSDP rows that need it: fms-fsdp's Llama 2 7B HSDP
+benchmark on 128 A100 with 400 Gb/s per node and 96 H100 with 800 Gb/s per node."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.validation.compare import evaluate_modern_run, load_modern_runs, row_cluster
+
+FMS = {r["id"]: r for r in load_modern_runs() if r["id"].startswith("FMS-")}
+
+
+def test_rows_run_on_the_network_their_source_states():
+    """A row's profile_set replaces the profile's numbers it names (50 and 100 Gb/s per GPU here), nothing else."""
+    a100, h100 = row_cluster(FMS["FMS-A100-Llama2-7B-HSDP"]), row_cluster(FMS["FMS-H100-Llama2-7B-HSDP"])
+    assert a100.inter_node.bandwidth_bytes_per_s == pytest.approx(6.25e9)
+    assert h100.inter_node.bandwidth_bytes_per_s == pytest.approx(12.5e9)
+    from planner.specs.hardware import load_cluster
+    assert h100.gpu == load_cluster("h100-80gb-sxm").gpu
+
+
+def test_fms_fsdp_hsdp_rows():
+    """HSDP (FSDP inside each node, replicas across nodes), no recomputation, compiled: the A100 row -3.1%, the H100
+    row +11.1% (2026-12-06; both out of sample). The command each prints reproduces its estimate."""
+    rows = {k: evaluate_modern_run(r) for k, r in FMS.items()}
+    assert rows["FMS-A100-Llama2-7B-HSDP"].error == pytest.approx(-0.0309, abs=0.003)
+    assert rows["FMS-H100-Llama2-7B-HSDP"].error == pytest.approx(0.1108, abs=0.003)
+    for row in rows.values():
+        assert "FSDP / ZeRO-3" in row.groups and "--dp-shard 8" in row.command and "--profile-set" in row.command
+        args = row.command.split()[1:] + ["--json"]
+        out = CliRunner().invoke(app, args)
+        assert out.exit_code == 0, out.output
+        gpus = int(args[args.index("--gpus") + 1])
+        assert json.loads(out.stdout)["estimate"]["tokens_per_s"] / gpus == pytest.approx(row.estimated, rel=1e-9)
+
+
+@pytest.mark.parametrize("value,match", [("inter_node.bandwidth_gb_s", "PATH=VALUE"),
+                                         ("inter_node.bandwidth_gb_s=-1", "positive"),
+                                         ("gpu.no_such_field=3", "no numeric field")])
+def test_profile_set_errors_name_the_option(value, match):
+    out = CliRunner().invoke(app, ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus",
+                                   "8", "--global-batch", "8", "--profile-set", value])
+    assert out.exit_code != 0 and "--profile-set" in out.output and match in out.output
+    assert "Traceback" not in out.output
+
+
+def test_a_slower_network_slows_an_hsdp_step():
+    """The replicas' gradient all-reduce crosses the nodes: at an eighth of the network the HSDP step is longer."""
+    base = ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--stack", "torchtitan", "--gpus",
+            "64", "--global-batch", "128", "--micro-batch", "2", "--seq-len", "4096", "--zero", "3", "--dp-shard", "8",
+            "--recompute", "none", "--json"]
+    fast = json.loads(CliRunner().invoke(app, base).stdout)["estimate"]["breakdown"]["dp_comm_s"]
+    slow = json.loads(CliRunner().invoke(app, base + ["--profile-set", "inter_node.bandwidth_gb_s=6.25"]).stdout)
+    assert slow["estimate"]["breakdown"]["dp_comm_s"] > fast
+    assert slow["cluster"].endswith("[inter_node.bandwidth_gb_s=6.25]")
