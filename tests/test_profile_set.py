@@ -56,3 +56,23 @@ def test_a_slower_network_slows_an_hsdp_step():
     slow = json.loads(CliRunner().invoke(app, base + ["--profile-set", "inter_node.bandwidth_gb_s=6.25"]).stdout)
     assert slow["estimate"]["breakdown"]["dp_comm_s"] > fast
     assert slow["cluster"].endswith("[inter_node.bandwidth_gb_s=6.25]")
+
+
+def test_plan_takes_it_and_its_plan_round_trips(tmp_path):
+    """plan searches on the changed profile (a thin network keeps TP inside the node: an 8-way TP plan where the
+    profile's network gives pure data parallelism), records the variant's name, and that name loads the variant
+    again, so replan and export read the plan back."""
+    from planner.specs.hardware import load_cluster
+    base = ["plan", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "64", "--global-batch", "128",
+            "--seq-len", "4096", "--stack", "torchtitan", "--json"]
+    thin = CliRunner().invoke(app, base + ["--profile-set", "inter_node.bandwidth_gb_s=6.25"])
+    wide = json.loads(CliRunner().invoke(app, base).stdout)
+    d = json.loads(thin.stdout)
+    assert d["cluster"] == "h100-80gb-sxm[inter_node.bandwidth_gb_s=6.25]"
+    assert d["parallelism"]["tp"] > wide["parallelism"]["tp"] == 1
+    assert load_cluster(d["cluster"]).inter_node.bandwidth_bytes_per_s == pytest.approx(6.25e9)
+    plan = tmp_path / "plan.json"
+    plan.write_text(thin.stdout)
+    replan = CliRunner().invoke(app, ["replan", str(plan), "--gpus", "56"])
+    assert replan.exit_code == 0, replan.output
+    assert CliRunner().invoke(app, ["export", str(plan), "--to", "torchtitan"]).exit_code == 0

@@ -12,7 +12,8 @@ from planner.cli.app import (CONSTRAINT_OPTIONS, RUN_OPTIONS, app, choice, conso
                              run_option_fields, search_constraints)
 from planner.cli.render import (add_columns, attention_kernel_line, attention_kernel_priced, layout_label,
                                 model_label, print_estimate, recipe_label)
-from planner.cli.estimate import ATTENTION_KERNEL_HELP, parse_offload_modules, parse_recompute_modules
+from planner.cli.estimate import (ATTENTION_KERNEL_HELP, parse_offload_modules, parse_recompute_modules,
+                                  profile_values)
 from planner.cli.lengths import (DYNAMIC_CP, MAX_SEQLEN_PER_RANK, PACKING, SEQ_LEN_DIST, check_length_options,
                                  print_length_tables)
 from planner.errors import PlannerError
@@ -20,7 +21,7 @@ from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
-from planner.specs.hardware import check_attention_kernel, load_cluster
+from planner.specs.hardware import check_attention_kernel, cluster_variant, load_cluster
 from planner.specs.model import load_model
 
 #: time components grouped the way the comparison names them
@@ -155,6 +156,9 @@ def plan(
                                                     f"options (`planner list stacks`; default {DEFAULT_STACK}, or "
                                                     f"--emit L's stack; 'any' searches everything the model knows)"),
     attention_kernel: str = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
+    profile_set: list[str] = typer.Option(None, "--profile-set",
+                                          help="PATH=VALUE: one numeric field of the cluster's profile replaced, "
+                                               "e.g. inter_node.bandwidth_gb_s=12.5 (repeatable; as estimate)"),
     ep_dispatcher: str = typer.Option(None, "--ep-dispatcher",
                                       help="MoE token dispatcher every plan runs: alltoall | deepep | hybridep "
                                            "(default: the stack's; see `planner estimate --help`)"),
@@ -201,6 +205,7 @@ def plan(
                                        ("--moe-load-factor", moe_load_factor != 1.0),
                                        ("--comm-reserved-sms", comm_reserved_sms != 0),
                                        ("--max-memory-gib", max_memory_gib is not None), ("--even-split", no_partition),
+                                       ("--profile-set", bool(profile_set)),
                                        ("--recompute-modules", modules not in (None, DEFAULT_RECOMPUTE_MODULES)),
                                        ("--offload-modules", bool(offload)), ("--seq-len-dist", dist is not None),
                                        ("--tp / --pp / --schedules / ...", constraints is not None)) if on]
@@ -213,7 +218,8 @@ def plan(
     stack_name = stack_name_for(stack, emit)  # an empty --stack is refused, as estimate and sweep refuse it
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
-    hw = load_cluster(cluster)
+    changed = profile_values(profile_set)
+    hw = cluster_variant(cluster, changed, "--profile-set") if changed else load_cluster(cluster)
     if run_stack is not None:  # the stack release's expert GEMM issue times, where it has its own
         hw = run_stack.on_cluster(hw)
     if modules is None:  # the launcher's own policy (torchtitan's release), else the stack's

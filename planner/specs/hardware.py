@@ -260,7 +260,19 @@ def _profile_path(name_or_path: str) -> Path:
 
 
 def load_cluster(name_or_path: str) -> Cluster:
-    """Load a shipped profile by name or a profile JSON file by path."""
+    """Load a shipped profile by name or a profile JSON file by path; a name :func:`cluster_variant` gave
+    ("h100-80gb-sxm[inter_node.bandwidth_gb_s=12.5]", as a plan JSON records it) loads that variant again."""
+    base, bracket, rest = name_or_path.partition("[")
+    if bracket and rest.endswith("]") and base:
+        values = {}
+        for item in rest[:-1].split(","):
+            key, _, value = item.partition("=")
+            try:
+                values[key.strip()] = float(value)
+            except ValueError:
+                break
+        else:
+            return cluster_variant(base, values, "cluster")
     path = _profile_path(name_or_path)
     return cluster_from_dict(read_json_file(path, "hardware profile"), source=str(path), default_name=path.stem)
 
