@@ -193,6 +193,14 @@ def torchtitan_linears(model: ModelSpec, kind: LayerKind = DENSE_LAYER) -> list[
     return attn + ffn
 
 
+def torchtitan_matmuls(model: ModelSpec, kind: LayerKind = DENSE_LAYER) -> list[tuple[str, float, bool]]:
+    """Each nn.Linear of :func:`torchtitan_linears`, in call order, as (its planner op, its output width, whether
+    the per-op policy saves its 16-bit output): a checkpointed block counts its ``aten.mm`` calls and saves the odd
+    ones, re-running every second (torchtitan/distributed/activation_checkpoint.py)."""
+    widths = [(name, width) for name, ws in torchtitan_linears(model, kind) for width in ws]
+    return [(name, width, i % 2 == 0) for i, (name, width) in enumerate(widths)]
+
+
 #: ops torchtitan's per-op policy always runs again: memory-bound kernels (no save list names a pointwise or
 #: normalization op), the router's gate (``force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``) and the routed
 #: experts' grouped GEMMs (``torch._grouped_mm`` is not among PyTorch's compute-intensive ops,
@@ -214,13 +222,10 @@ def op_sac_shares(model: ModelSpec, cfg: Config, kind: LayerKind = DENSE_LAYER) 
     (1)."""
     low = np.isin(np.asarray(cfg.precision), ("fp8", "mxfp8"))
     shares: dict[str, tuple] = {name: (1.0, 1.0) for name in OP_SAC_RERUN}
-    count = 0
-    for name, widths in torchtitan_linears(model, kind):
-        again = 0.0
-        for width in widths:
-            count += 1
-            again += width if count % 2 == 0 else 0.0
-        mm = again / sum(widths)
+    matmuls = torchtitan_matmuls(model, kind)
+    for name in dict.fromkeys(n for n, _, _ in matmuls):
+        total = sum(w for n, w, _ in matmuls if n == name)
+        mm = sum(w for n, w, saved in matmuls if n == name and not saved) / total
         op_sac, v02 = np.where(low, 0.0, mm), np.where(low, 1.0, mm)
         shares[name] = shares[f"{name}_fp8_cast"] = (op_sac, v02)
     return shares

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost.compute import (ACT_BYTES, FP8_STORE_BYTES, Config, expert_tp_token_share, image_keys, moe_load,
-                                  sp_degree, torchtitan_linears)
+                                  sp_degree, torchtitan_matmuls)
 from planner.specs.config import per_precision, recompute_module_on
 from planner.specs.model import DENSE_LAYER, MOE_LAYER, LayerKind, ModelSpec
 
@@ -204,8 +204,8 @@ def op_sac_bytes_per_token(model: ModelSpec, cfg: Config, kind: LayerKind, polic
     checkpointing (``policy`` "op_sac" or "op_sac_v02", :func:`planner.cost.compute.op_sac_shares`): the block's
     input (bf16, split by SP as the checkpoint wrapper receives it), the outputs of the ops its policy saves and
     nothing else (torchtitan/distributed/activation_checkpoint.py: MUST_SAVE ops' outputs are cached for the
-    recompute; the tensors backward needs are re-created by it): the odd 16-bit matmuls along
-    ``compute.torchtitan_linears`` (a column-parallel one's output split by TP, a row-parallel one's whole before
+    recompute; the tensors backward needs are re-created by it): the 16-bit matmuls it saves
+    (``compute.torchtitan_matmuls``; a column-parallel one's output split by TP, a row-parallel one's whole before
     its reduce-scatter) or, in fp8, every linear layer's output under "op_sac" (``aten._scaled_mm`` saved) and none
     under "op_sac_v02"; the reduce-scatters' outputs (TP with SP, one per block); the attention kernel's output and
     its fp32 log-sum-exp; a MoE block's two all-to-all outputs (its k token copies out and back, EP > 1)."""
@@ -213,14 +213,10 @@ def op_sac_bytes_per_token(model: ModelSpec, cfg: Config, kind: LayerKind, polic
     sp = sp_degree(cfg)
     low = np.isin(np.asarray(cfg.precision), ("fp8", "mxfp8"))
     kept = 2.0 * h / sp
-    count = 0
-    for name, widths in torchtitan_linears(model, kind):
+    for name, width, saved_16bit in torchtitan_matmuls(model, kind):
         split = 1.0 if name in ROW_PARALLEL_OPS or name in UNSPLIT_OPS else 1.0 / t
-        for width in widths:
-            count += 1
-            saved_16bit = 1.0 if count % 2 else 0.0
-            saved = np.where(low, 1.0 if policy == "op_sac" else 0.0, saved_16bit)
-            kept = kept + saved * ACT_BYTES * width * split
+        saved = np.where(low, 1.0 if policy == "op_sac" else 0.0, float(saved_16bit))
+        kept = kept + saved * ACT_BYTES * width * split
     blocks_scattered = kind.blocks * np.where((np.asarray(t) > 1) & (np.asarray(sp) > 1), 1.0, 0.0)
     kept = kept + blocks_scattered * ACT_BYTES * h / sp
     kept = kept + ACT_BYTES * model.attn_out_dim / t + 4 * model.num_heads / t

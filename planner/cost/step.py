@@ -31,7 +31,7 @@ from planner.cost.moe import ep_layer_cost
 from planner.cost.schedule import get_schedule
 from planner.cost.validity import config_problems
 from planner.errors import PlannerError
-from planner.specs.config import ConfigBatch, RunConfig, even_layer_split, recompute_module_on
+from planner.specs.config import ConfigBatch, RunConfig, even_layer_split, op_sac_on, recompute_module_on
 from planner.specs.hardware import GIB, Cluster
 from planner.specs.model import DENSE_LAYER, LayerKind, ModelSpec
 
@@ -308,8 +308,7 @@ def layer_costs(model: ModelSpec, cluster: Cluster, cfg: Config, groups: comm.Gr
         ep_fwd = np.where(np.asarray(cfg.ep_comm_overlap, dtype=bool), paired, ep_fwd)
         tp_fwd = np.where(gathered, mixer_fwd, tp_fwd)
         tp_bwd = np.where(gathered, mixer_bwd, tp_bwd)
-    sac = recompute_module_on(cfg.recompute_modules, "op_sac") | recompute_module_on(cfg.recompute_modules,
-                                                                                   "op_sac_v02")
+    sac = op_sac_on(cfg.recompute_modules)
     if np.any(sac) and kind.mixer == "attention":
         rec_tp = rec_tp + np.where(sac, tp_regather_s(model, cluster, cfg, groups.tp, len(windows)), 0.0)
     selective = np.asarray(cfg.recompute) == "selective"
@@ -682,7 +681,7 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     selective = cfg.recompute == "selective"
     # torchtitan's per-op checkpointing re-runs most of a block: its transient is the full recompute's, less what it
     # kept
-    op_sac = any(recompute_module_on(cfg.recompute_modules, m) for m in ("op_sac", "op_sac_v02"))
+    op_sac = bool(op_sac_on(cfg.recompute_modules))
     q = {k: np.zeros(n_stages) for k in ("fwd", "bwd_in", "bwd_w", "rec", "comp", "rec_comp", "tpc", "cpc", "epc",
                                          "ppc", "rflops", "act", "dense_params", "expert_params", "offc", "offb", "attn",
                                          "end_params")}

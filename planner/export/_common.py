@@ -91,12 +91,17 @@ def unsupported(launcher: str, feature: str, fix: str) -> PlannerError:
 #: the other release's where the two save the same ops (16-bit linear layers: both alternate their matmuls), or
 #: Megatron-Core's default modules, in whose place it runs its own policy (a plan priced so says it in its notes),
 #: and Megatron-DeepSpeed's core attention only
+#: the recompute modules a launcher's own selective recomputation redoes, where they are not Megatron-Core's default:
+#: torchtitan's per-op policy of each release
+LAUNCHER_RECOMPUTE_MODULES = {"torchtitan": "op_sac_v02", "torchtitan-0.3": "op_sac"}
+
+
 def launcher_recompute_problem(launcher: str, modules: str, precision: str) -> tuple[str, str] | None:
     """(what, fix) where ``launcher``'s selective recomputation cannot redo what ``modules`` priced, else None."""
     from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, OP_SAC_MODULES
 
     low = precision in ("fp8", "mxfp8")
-    own = {"torchtitan": "op_sac_v02", "torchtitan-0.3": "op_sac"}.get(launcher)
+    own = LAUNCHER_RECOMPUTE_MODULES.get(launcher)
     if own is not None:
         other = next(m for m in OP_SAC_MODULES if m != own)
         # Megatron-Core's default modules: torchtitan runs its own policy instead (the exporters' notes say so)
@@ -114,15 +119,17 @@ def launcher_recompute_problem(launcher: str, modules: str, precision: str) -> t
         return (f"selective recomputation priced with {modules} (torchtitan's per-op checkpointing)",
                 "plan with Megatron-Core --recompute-modules (e.g. core_attn), or export to torchtitan")
     if launcher == "deepspeed" and modules != DEFAULT_RECOMPUTE_MODULES:
-        return (f"selective recomputation of {modules} (Megatron-DeepSpeed's selective granularity checkpoints the "
-                "core attention only)", "plan with the default --recompute-modules, or export to megatron / nemo")
+        return (f"selective recomputation of {modules} (Megatron-DeepSpeed's selective granularity recomputes the "
+                "attention core only)", "plan with the default --recompute-modules, or export to megatron / nemo")
     return None
 
 
 def op_sac_note(cfg: RunConfig, own: str) -> str:
     """The exporters' note on selective recomputation for torchtitan, whose release runs policy ``own``: priced as
     it runs, or priced with Megatron-Core's modules while torchtitan re-runs more."""
-    if cfg.recompute_modules in ("op_sac", "op_sac_v02"):
+    from planner.specs.config import OP_SAC_MODULES
+
+    if cfg.recompute_modules in OP_SAC_MODULES:
         return "selective recomputation is torchtitan's per-op policy (mode \"selective\"), as the plan priced it"
     return (f"selective recomputation runs torchtitan's per-op policy, which re-runs every second matmul and the "
             f"norms, where the plan priced Megatron-Core's {cfg.recompute_modules}: step time will be longer and "

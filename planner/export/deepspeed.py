@@ -16,9 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner.specs.config import DEFAULT_RECOMPUTE_MODULES
 from planner.export._common import (read_plan, recompute_counts, refuse_megatron_core_only, refuse_pipeline_flushes,
-                                    uniform_recompute_count, unsupported)
+                                    refuse_recompute_modules, uniform_recompute_count, unsupported)
 
 LAUNCHER = "deepspeed"
 #: the release this exporter targets, what it writes, and what checks its output (`planner list launchers`)
@@ -49,10 +48,7 @@ def config(plan: Any, source: str = "<plan>") -> dict[str, Any]:
         raise unsupported(LAUNCHER, "TP communication overlap (Megatron-Core's --tp-comm-overlap; Megatron-DeepSpeed "
                                     "has no such option)", "plan for deepspeed (--emit deepspeed), or export to "
                                                            "megatron / nemo / torchtitan")
-    if cfg.recompute == "selective" and cfg.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
-        raise unsupported(LAUNCHER, f"selective recomputation of {cfg.recompute_modules} (Megatron-DeepSpeed's "
-                                    "selective granularity recomputes the attention core only)",
-                          "plan with the default --recompute-modules, or export to megatron / nemo")
+    refuse_recompute_modules(LAUNCHER, cfg)
     if cfg.precision in ("fp8", "mxfp8"):
         raise unsupported(LAUNCHER, f"{cfg.precision} GEMMs (DeepSpeed's JSON config has no fp8 training switch)",
                           "plan with --precision bf16, or export to megatron / nemo / torchtitan")

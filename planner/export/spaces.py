@@ -16,13 +16,8 @@ from typing import Any
 from planner.errors import InfeasibleError, PlannerError
 from planner.export import TARGETS, export
 from planner.export import megatron, torchtitan
-from planner.export._common import launcher_recompute_problem
+from planner.export._common import LAUNCHER_RECOMPUTE_MODULES, launcher_recompute_problem
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS
-
-
-#: the recompute modules a launcher's own selective recomputation redoes, where they are not Megatron-Core's default:
-#: torchtitan's per-op policy of each release (planner.export._common.launcher_recompute_problem)
-LAUNCHER_RECOMPUTE_MODULES = {"torchtitan": "op_sac_v02", "torchtitan-0.3": "op_sac"}
 
 
 def default_recompute_modules(stack: Any = None, launcher: str | None = None) -> str:

@@ -51,6 +51,12 @@ def canonical_recompute_modules(names: str | Sequence[str]) -> str:
     return _canonical_modules(names, RECOMPUTE_MODULES, "recompute")
 
 
+def op_sac_on(modules):
+    """Whether ``modules`` (a canonical string, or an array of them) name one of torchtitan's per-op policies
+    (:data:`OP_SAC_MODULES`)."""
+    return np.logical_or.reduce([recompute_module_on(modules, m) for m in OP_SAC_MODULES])
+
+
 def single_value(values: np.ndarray):
     """The one value of an array that holds a single value broadcast over a batch (every stride 0: a setting a
     :class:`ConfigBatch` was given as a scalar), else None; lets string settings be looked at once, not per row."""

@@ -262,17 +262,9 @@ def _profile_path(name_or_path: str) -> Path:
 def load_cluster(name_or_path: str) -> Cluster:
     """Load a shipped profile by name or a profile JSON file by path; a name :func:`cluster_variant` gave
     ("h100-80gb-sxm[inter_node.bandwidth_gb_s=12.5]", as a plan JSON records it) loads that variant again."""
-    base, bracket, rest = name_or_path.partition("[")
-    if bracket and rest.endswith("]") and base:
-        values = {}
-        for item in rest[:-1].split(","):
-            key, _, value = item.partition("=")
-            try:
-                values[key.strip()] = float(value)
-            except ValueError:
-                break
-        else:
-            return cluster_variant(base, values, "cluster")
+    variant = _parse_variant_name(name_or_path)
+    if variant is not None:
+        return cluster_variant(*variant, "cluster")
     path = _profile_path(name_or_path)
     return cluster_from_dict(read_json_file(path, "hardware profile"), source=str(path), default_name=path.stem)
 
@@ -291,6 +283,26 @@ def numeric_fields(data: Any, prefix: str = "") -> list[str]:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out.append(path)
     return out
+
+
+def _variant_name(base: str, values: dict[str, float]) -> str:
+    """The name :func:`cluster_variant` gives a profile with ``values`` replaced: "base[path=value,...]"."""
+    return f"{base}[" + ",".join(f"{k}={v:g}" for k, v in values.items()) + "]"
+
+
+def _parse_variant_name(name: str) -> tuple[str, dict[str, float]] | None:
+    """(base, values) of a name :func:`_variant_name` wrote, else None."""
+    base, bracket, rest = name.partition("[")
+    if not (bracket and rest.endswith("]") and base):
+        return None
+    values = {}
+    for item in rest[:-1].split(","):
+        key, _, value = item.partition("=")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            return None
+    return base, values
 
 
 def cluster_variant(name_or_path: str, values: dict[str, float], option: str = "--vary") -> Cluster:
@@ -315,7 +327,7 @@ def cluster_variant(name_or_path: str, values: dict[str, float], option: str = "
                                fix=f"use a path of the profile's numbers, e.g. {', '.join(fields_[:6])} "
                                    f"(all {len(fields_)}: see hardware_profiles/{path.stem}.json)")
         d[parts[-1]] = int(value) if isinstance(d.get(parts[-1]), int) and float(value).is_integer() else value
-    data["name"] = f"{data.get('name', path.stem)}[" + ",".join(f"{k}={v:g}" for k, v in values.items()) + "]"
+    data["name"] = _variant_name(data.get("name", path.stem), values)
     return cluster_from_dict(data, source=f"{path} with {option} " +
                              " ".join(f"{k}={v:g}" for k, v in values.items()), default_name=path.stem)
 
