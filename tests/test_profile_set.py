@@ -76,3 +76,26 @@ def test_plan_takes_it_and_its_plan_round_trips(tmp_path):
     replan = CliRunner().invoke(app, ["replan", str(plan), "--gpus", "56"])
     assert replan.exit_code == 0, replan.output
     assert CliRunner().invoke(app, ["export", str(plan), "--to", "torchtitan"]).exit_code == 0
+
+
+@pytest.mark.parametrize("value", [12.5, 12.3456789, 0.1 + 0.2, 400.0, 3e-5])
+def test_a_variant_name_loads_the_very_variant(value):
+    """A variant's name spells each replaced number so that it reads back as the same float (six significant digits
+    would turn 12.3456789 into 12.3457): load_cluster of the name gives the cluster cluster_variant built, equal
+    field by field; integers print without a decimal point."""
+    from planner.specs.hardware import cluster_variant, load_cluster
+
+    changed = {"inter_node.bandwidth_gb_s": value, "node.gpus_per_node": 4}
+    made = cluster_variant("h100-80gb-sxm", changed)
+    assert made.name.endswith("node.gpus_per_node=4]") and "4.0" not in made.name
+    again = load_cluster(made.name)
+    assert again == made
+    assert again.inter_node.bandwidth_bytes_per_s == value * 1e9
+
+
+def test_no_values_is_the_profile_itself():
+    """cluster_variant without values is load_cluster (the estimate, plan and validation paths call it either way)."""
+    from planner.specs.hardware import cluster_variant, load_cluster
+
+    assert cluster_variant("h100-80gb-sxm", {}) == load_cluster("h100-80gb-sxm")
+    assert cluster_variant("h100-80gb-sxm", {}).name == "h100-80gb-sxm"

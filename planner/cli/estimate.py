@@ -76,7 +76,7 @@ def parse_recompute_modules(text: str) -> str:
                            fix=f"e.g. --recompute-modules {DEFAULT_RECOMPUTE_MODULES},layernorm") from None
 
 
-from planner.specs.hardware import ATTENTION_KERNELS, check_attention_kernel, cluster_variant, load_cluster
+from planner.specs.hardware import ATTENTION_KERNELS, check_attention_kernel, cluster_variant
 from planner.specs.model import load_model
 
 ATTENTION_KERNEL_HELP = ("Fused attention kernel whose table prices attention: " + " | ".join(ATTENTION_KERNELS) +
@@ -210,8 +210,7 @@ def estimate(
     modules = parse_recompute_modules(recompute_modules) if recompute_modules is not None else \
         run_stack.recompute_modules if recompute == "selective" else DEFAULT_RECOMPUTE_MODULES
     spec = load_model(model)
-    changed = profile_values(profile_set)
-    base = cluster_variant(cluster, changed, "--profile-set") if changed else load_cluster(cluster)
+    base = cluster_variant(cluster, profile_values(profile_set), "--profile-set")
     hw = run_stack.on_cluster(base)  # the stack release's expert GEMM issue times, if its own
     if attention_kernel is not None:
         check_attention_kernel(hw.gpu, hw.name, attention_kernel)

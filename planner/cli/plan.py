@@ -21,7 +21,7 @@ from planner.plan import Plan, attempt, best_of, dumps, request_warnings, search
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, PRECISIONS
 from planner.specs.stack import ANY_STACK, DEFAULT_STACK, load_stack, stack_name_for
 from planner.validation.bands import band_for
-from planner.specs.hardware import check_attention_kernel, cluster_variant, load_cluster
+from planner.specs.hardware import check_attention_kernel, cluster_variant
 from planner.specs.model import load_model
 
 #: time components grouped the way the comparison names them
@@ -218,8 +218,7 @@ def plan(
     stack_name = stack_name_for(stack, emit)  # an empty --stack is refused, as estimate and sweep refuse it
     run_stack = None if stack_name == ANY_STACK else load_stack(stack_name)
     spec = load_model(model)
-    changed = profile_values(profile_set)
-    hw = cluster_variant(cluster, changed, "--profile-set") if changed else load_cluster(cluster)
+    hw = cluster_variant(cluster, profile_values(profile_set), "--profile-set")
     if run_stack is not None:  # the stack release's expert GEMM issue times, where it has its own
         hw = run_stack.on_cluster(hw)
     if modules is None:  # the launcher's own policy (torchtitan's release), else the stack's

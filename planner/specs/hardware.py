@@ -285,9 +285,16 @@ def numeric_fields(data: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def _variant_value(value: float) -> str:
+    """A replaced value as a variant's name spells it: an integer without a decimal point, any other number in
+    Python's shortest spelling that reads back as the same float (``repr``), so the name loads the very variant."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
 def _variant_name(base: str, values: dict[str, float]) -> str:
     """The name :func:`cluster_variant` gives a profile with ``values`` replaced: "base[path=value,...]"."""
-    return f"{base}[" + ",".join(f"{k}={v:g}" for k, v in values.items()) + "]"
+    return f"{base}[" + ",".join(f"{k}={_variant_value(v)}" for k, v in values.items()) + "]"
 
 
 def _parse_variant_name(name: str) -> tuple[str, dict[str, float]] | None:
@@ -309,9 +316,12 @@ def cluster_variant(name_or_path: str, values: dict[str, float], option: str = "
     """A shipped profile (or a profile file) with numeric fields replaced, for hardware co-design sweeps
     (Calculon's question: which machine trains this model best). ``values`` maps a field's path in the profile
     JSON ("gpu.hbm_gib", "node.gpus_per_node", "inter_node.bandwidth_gb_s") to its value, in the unit its key
-    names; the result is checked like any profile and named after the changes."""
+    names; the result is checked like any profile and named after the changes. No values: the profile itself
+    (:func:`load_cluster`)."""
     import copy
 
+    if not values:
+        return load_cluster(name_or_path)
     path = _profile_path(name_or_path)
     data = copy.deepcopy(read_json_file(path, "hardware profile"))
     for key, value in values.items():
@@ -329,7 +339,7 @@ def cluster_variant(name_or_path: str, values: dict[str, float], option: str = "
         d[parts[-1]] = int(value) if isinstance(d.get(parts[-1]), int) and float(value).is_integer() else value
     data["name"] = _variant_name(data.get("name", path.stem), values)
     return cluster_from_dict(data, source=f"{path} with {option} " +
-                             " ".join(f"{k}={v:g}" for k, v in values.items()), default_name=path.stem)
+                             " ".join(f"{k}={_variant_value(v)}" for k, v in values.items()), default_name=path.stem)
 
 
 def _flag(d: dict, key: str, source: str, section: str, *, default: bool) -> bool:

@@ -162,8 +162,7 @@ def row_stack(run: dict) -> str:
 def row_cluster(run: dict):
     """The cluster a row ran on as its stack runs there (``Stack.on_cluster``: the release's own expert GEMM issue
     times, where it has them)."""
-    changed = run.get("profile_set")
-    base = cluster_variant(run["cluster"], changed, "profile_set") if changed else load_cluster(run["cluster"])
+    base = cluster_variant(run["cluster"], run.get("profile_set") or {}, "profile_set")
     return load_stack(row_stack(run)).on_cluster(base)
 
 
