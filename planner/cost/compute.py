@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.specs.config import ConfigBatch, RunConfig, recompute_module_on, single_value
+from planner.specs.config import SIXTEEN_BIT, ConfigBatch, RunConfig, recompute_module_on, single_value
 from planner.specs.hardware import GPU, AttentionKernel
 from planner.specs.model import DENSE_LAYER, LayerKind, ModelSpec
 
@@ -69,6 +69,10 @@ class Op:
     #: the "op_sac" and "op_sac_v02" policies (config.OP_SAC_MODULES; :func:`op_sac_shares`)
     op_sac: float | np.ndarray = 0.0
     op_sac_v02: float | np.ndarray = 0.0
+    #: whether this GEMM's weight gradients are a 16-bit grouped expert GEMM whose bias the stack's grouped linear
+    #: layer applies and whose bias gradient it fuses into them (:func:`ffn_ops`), priced
+    #: ``GPU.biased_grouped_wgrad_factor`` times longer (a flag, or an array of them over a batch)
+    biased_grouped_wgrad: bool | np.ndarray = False
 
 
 @dataclass(frozen=True)
@@ -398,9 +402,18 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         calls = np.where(per_expert, local, 0.0)
         # the dispatcher the tokens came through (:func:`alltoall_dispatch`) sets the calls' issue time
         issue = dict(expert_calls=calls, expert_alltoall=alltoall_dispatch(cfg))
-        ops += [_grouped(op, per_expert) for op in
-                _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe", **issue)
-                + _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", **issue)]
+        experts_in = [_grouped(op, per_expert) for op in
+                      _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe", **issue)]
+        if model.mlp_bias:
+            # Megatron-Core builds the experts' first GEMM as Transformer Engine's GroupedLinear with its bias
+            # (TEGroupedMLP linear_fc1: bias, not skip_bias_add; the second returns its bias, applied below), and in
+            # 16-bit that layer fuses the bias gradient into its per-expert weight-gradient GEMMs
+            # (transformer_engine/pytorch/module/grouped_linear.py v2.9, backward: "Grad bias is fused with wgrad
+            # GEMM"; fp8 / mxfp8 compute it apart, bgrad_quantize). Only where the stack issues per-expert GEMMs
+            biased = per_expert & np.isin(np.asarray(cfg.precision), SIXTEEN_BIT)
+            experts_in[0] = replace(experts_in[0], biased_grouped_wgrad=biased)
+        ops += experts_in + [_grouped(op, per_expert) for op in
+                             _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", **issue)]
         if model.mlp_bias:  # biased experts (gpt-oss): the second GEMM's bias, weighted by each copy's probability
             ops.append(Op("experts_out_bias", "memory", hbm_bytes=EXPERT_BIAS_FWD_BYTES * local * m_e * h,
                           bwd_ratio=EXPERT_BIAS_BWD_BYTES / EXPERT_BIAS_FWD_BYTES, weight_grad_fraction=0.0,
@@ -826,6 +839,17 @@ def recomputed(op: Op, modules):
     return np.maximum(np.where(on & np.asarray(op.recompute_when, dtype=bool), 1.0, 0.0), sac)
 
 
+def biased_wgrad_slowdown(op: Op, gpu: GPU):
+    """(backward time multiplier, weight-gradient share) of ``op`` where its weight gradients run
+    ``gpu.biased_grouped_wgrad_factor`` times longer (``Op.biased_grouped_wgrad``): the weight-gradient share w of
+    its backward becomes w k, so backward takes (1 - w) + w k times as long and w k / ((1 - w) + w k) of it is the
+    weight-gradient pass; (1, w) elsewhere."""
+    w = op.weight_grad_fraction
+    slow = np.where(np.asarray(op.biased_grouped_wgrad, dtype=bool), gpu.biased_grouped_wgrad_factor, 1.0)
+    scale = (1.0 - w) + w * slow
+    return scale, w * slow / scale
+
+
 def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
     """Forward, input- and weight-gradient times of ``ops``, and the forward time selective recomputation of
     ``modules`` (the configuration's ``recompute_modules``) adds."""
@@ -833,6 +857,10 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
     for op in ops:
         tf = op_time_s(op, gpu)
         tb = op_bwd_time_s(op, gpu, tf)
+        w = op.weight_grad_fraction
+        if gpu.biased_grouped_wgrad_factor != 1.0 and np.any(op.biased_grouped_wgrad):
+            scale, w = biased_wgrad_slowdown(op, gpu)
+            tb = tb * scale
         kernels = kernels + tf + tb
         if np.any(op.expert_calls) and (gpu.expert_gemm_call_s or gpu.expert_gemm_call_s_alltoall):
             # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
@@ -840,8 +868,8 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
             issued = issued + (1.0 + GEMM_BWD_RATIO) * issue
             tf, tb = np.maximum(tf, issue), np.maximum(tb, GEMM_BWD_RATIO * issue)
         fwd = fwd + tf
-        bwd_w = bwd_w + tb * op.weight_grad_fraction
-        bwd_in = bwd_in + tb * (1.0 - op.weight_grad_fraction)
+        bwd_w = bwd_w + tb * w
+        bwd_in = bwd_in + tb * (1.0 - w)
         sel = sel + tf * recomputed(op, modules)
     return PassTimes(fwd, bwd_in, bwd_w, sel, kernels, issued)
 

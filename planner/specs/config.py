@@ -107,6 +107,8 @@ CP_KINDS = ("ring", "ulysses")
 #: Transformer Engine's fp8 recipes run them): bf16 | fp16 | fp8 (Hopper / Ada / MI300 tensor cores, per-tensor
 #: scaling) | mxfp8 (Blackwell block-scaled fp8)
 PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
+#: the precisions whose linear layers run their GEMMs on 16-bit operands (no quantization)
+SIXTEEN_BIT = ("bf16", "fp16")
 #: dtypes of Adam's two moments (``--adam-moments``) and their bytes per element: fp32, or bf16 as Megatron-Core's
 #: precision-aware optimizer keeps them (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype
 #: bf16, megatron/core/optimizer/optimizer_config.py; Megatron-Bridge's tuned DeepSeek-V3 recipes,

@@ -151,6 +151,11 @@ class GPU:
     #: streaming multiprocessors (compute units) of one GPU, what a stack that reserves some for its communication
     #: kernels leaves the rest of to compute (``RunConfig.comm_reserved_sms``); 0: not given by the profile
     sm_count: int = 0
+    #: how many times longer than the GEMM curve prices them the weight-gradient GEMMs of a 16-bit grouped expert
+    #: GEMM run where the stack's grouped linear layer applies the experts' bias itself and fuses its gradient into
+    #: them (``compute.Op.biased_grouped_wgrad``); a stack's fitted value (``Stack.on_cluster``), never a profile's:
+    #: 1 where the stack has no such path
+    biased_grouped_wgrad_factor: float = 1.0
 
     def attention_kernel_names(self) -> tuple[str, ...]:
         """The kernels this profile has a table for, the default first."""

@@ -116,12 +116,19 @@ class Stack:
     #: (``options.recompute_modules``, ``config.RECOMPUTE_MODULES``; absent: Megatron-Core's default, core_attn;
     #: torchtitan: the per-op policy of the release its launcher writes, "op_sac_v02")
     recompute_modules: str = DEFAULT_RECOMPUTE_MODULES
+    #: how many times longer its 16-bit grouped expert GEMMs' weight gradients run where its grouped linear layer
+    #: applies the experts' bias (``biased_grouped_wgrad_factor``: a fitted value, with its rows;
+    #: ``hardware.GPU.biased_grouped_wgrad_factor``); absent: 1
+    biased_grouped_wgrad_factor: float = 1.0
 
     def on_cluster(self, cluster: Cluster) -> Cluster:
         """``cluster`` as this stack runs on it: the profile's expert GEMM issue times, with this stack's where it
-        names the profile (a release whose host path issues expert GEMMs at another rate). A precision the stack
-        gives one issue time for takes it after every dispatcher, unless the stack also gives the all-to-all
-        dispatcher's apart."""
+        names the profile (a release whose host path issues expert GEMMs at another rate), and this stack's biased
+        grouped weight-gradient factor. A precision the stack gives one issue time for takes it after every
+        dispatcher, unless the stack also gives the all-to-all dispatcher's apart."""
+        if self.biased_grouped_wgrad_factor != cluster.gpu.biased_grouped_wgrad_factor:
+            cluster = replace(cluster, gpu=replace(cluster.gpu,
+                                                   biased_grouped_wgrad_factor=self.biased_grouped_wgrad_factor))
         general = dict(self.expert_gemm_call_s).get(cluster.name, ())
         apart = dict(self.expert_gemm_call_s_alltoall).get(cluster.name, ())
         if not general and not apart:
@@ -225,6 +232,22 @@ def _issue_times(data: dict, key: str, source: str) -> tuple[tuple[str, tuple[tu
     return tuple((str(name), expert_call_times(v, source, f"{key}.{name}")) for name, v in calls.items())
 
 
+#: the largest slowdown factor a stack file may state (a larger one is a typing error, not a kernel)
+MAX_STACK_FACTOR = 100.0
+
+
+def _fitted_factor(data: dict, key: str, source: str) -> float:
+    """A stack file's fitted factor ``{key: {"value": x, ...provenance}}``, x in [1, MAX_STACK_FACTOR]; absent: 1."""
+    entry = data.get(key)
+    if entry is None:
+        return 1.0
+    value = entry.get("value") if isinstance(entry, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= MAX_STACK_FACTOR:
+        raise PlannerError(f"must be an object with a \"value\" from 1 to {MAX_STACK_FACTOR:g}, got {entry!r:.60}",
+                           source=source, field=key, fix="write the fitted factor, e.g. {\"value\": 7.0}")
+    return float(value)
+
+
 def _recompute_modules(opts: dict, source: str) -> str:
     """``options.recompute_modules`` (absent: core_attn) in canonical form, refused with field and fix otherwise."""
     value = opts.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES)
@@ -275,6 +298,7 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
                            source=source, field="runs.ep_dispatchers", fix=f"add {dispatcher!r} to the list")
     call_s, call_s_alltoall = (_issue_times(data, key, source)
                                for key in ("expert_gemm_call_us", "expert_gemm_call_us_alltoall"))
+    wgrad_factor = _fitted_factor(data, "biased_grouped_wgrad_factor", source)
     tpo_choices = _list(runs, "tp_comm_overlap", (True, False), source, bool)
     tpo = _bool(opts, "tp_comm_overlap", source, "options")
     if tpo and True not in tpo_choices:
@@ -304,4 +328,5 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
         ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, expert_gemm_call_s_alltoall=call_s_alltoall,
-        ep_dispatcher_choices=dispatchers, recompute_modules=_recompute_modules(opts, source))
+        ep_dispatcher_choices=dispatchers, recompute_modules=_recompute_modules(opts, source),
+        biased_grouped_wgrad_factor=wgrad_factor)

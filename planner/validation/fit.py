@@ -77,6 +77,14 @@ KERNEL_TARGETS = (("h100-80gb-sxm", "cudnn-9.0", "flash-attention-2"),)
 #: rate ratios tried
 KERNEL_GRID = np.round(np.arange(1.0, 2.0001, 0.01), 2)
 
+#: the stacks whose 16-bit grouped expert GEMMs take Transformer Engine's biased path (Megatron-Core's
+#: TEGroupedMLP: GroupedLinear applies the first GEMM's bias and fuses its gradient into the weight-gradient GEMMs),
+#: fitted together on the rows with biased experts they ran (``Stack.biased_grouped_wgrad_factor``); the same
+#: Transformer Engine path in every release these rows ran, so one value, stored in each stack's file
+WGRAD_STACKS = ("megatron-core", "megatron-core-25.11")
+#: weight-gradient slowdowns tried
+WGRAD_GRID = np.round(np.arange(1.0, 15.0001, 0.1), 2)
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -128,6 +136,18 @@ class _KernelParam:
         others = tuple(k for k in gpu.other_attention_kernels if k.name != self.kernel)
         derived = derived_attention_kernel(base, self.kernel, float(value))
         return replace(cluster, gpu=replace(gpu, other_attention_kernels=others + (derived,)))
+
+
+@dataclass(frozen=True)
+class _WgradParam:
+    """The stacks' biased grouped weight-gradient factor (:data:`WGRAD_STACKS`): the row's cluster as its stack runs
+    there with the factor at a trial value (precision-independent: the path exists in 16-bit only, where the rows
+    ran)."""
+
+    grid: np.ndarray = field(default_factory=lambda: WGRAD_GRID)
+
+    def apply(self, cluster, precision: str, value: float):
+        return replace(cluster, gpu=replace(cluster.gpu, biased_grouped_wgrad_factor=float(value)))
 
 
 RATIO = _Param("low_precision_gemm_efficiency", GRID)
@@ -205,6 +225,22 @@ def kernel_fitting_rows(profile: str, kernel: str) -> list[dict]:
             and not r.get("held_out")]
 
 
+def wgrad_fitting_rows() -> list[dict]:
+    """The rows the biased grouped weight-gradient factor is fitted on: MoE rows of a model with biased experts
+    (``ModelSpec.mlp_bias``: GPT-OSS) in 16-bit that ran one of :data:`WGRAD_STACKS` with per-expert GEMM calls,
+    held-out rows aside."""
+    from planner.specs.config import SIXTEEN_BIT
+    from planner.specs.model import load_model
+    from planner.validation.compare import modern_model_ref
+
+    def biased(run: dict) -> bool:
+        model = load_model(modern_model_ref(run))
+        return model.is_moe and model.mlp_bias
+
+    return [r for r in load_modern_runs() if r["layout"]["precision"] in SIXTEEN_BIT and row_stack(r) in WGRAD_STACKS
+            and r["layout"].get("per_expert_gemm_calls", True) and not r.get("held_out") and biased(r)]
+
+
 def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
     """Every fitted value's rows, parameter and precision: :data:`TARGETS`' GEMM ratios, :data:`CALL_TARGETS`'
     expert GEMM issue times, then :data:`KERNEL_TARGETS`' kernel rate ratios (the rows :func:`fit`,
@@ -214,7 +250,7 @@ def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
         [(call_fitting_rows(profiles, precision, stack, dispatchers), call_param(dispatchers), precision)
          for profiles, precision, _, stack, dispatchers in CALL_TARGETS] + \
         [(kernel_fitting_rows(profile, kernel), _KernelParam(kernel, base), "")
-         for profile, kernel, base in KERNEL_TARGETS]
+         for profile, kernel, base in KERNEL_TARGETS] + [(wgrad_fitting_rows(), _WgradParam(), "")]
 
 
 def fitted_row_ids() -> frozenset[str]:
@@ -282,6 +318,16 @@ def fit_kernel(profile: str, kernel: str, base: str) -> Fit:
                _left_out(runs, source_of, param, ""), loro=_left_out(runs, row_id, param, ""))
 
 
+def fit_wgrad() -> Fit:
+    """The biased grouped weight-gradient factor of :data:`WGRAD_STACKS` on :func:`wgrad_fitting_rows`, with
+    leave-one-source-out errors (each release's rows at the factor refit without them)."""
+    runs = wgrad_fitting_rows()
+    param = _WgradParam()
+    value = _best(runs, param, "")
+    return Fit("+".join(WGRAD_STACKS), "16-bit", value, tuple(r["id"] for r in runs),
+               tuple(_errors(runs, param, "", value)), _left_out(runs, source_of, param, ""))
+
+
 def _pct(errors) -> str:
     errors = list(errors)
     return f"mean {100 * statistics.mean(abs(e) for e in errors):.1f}%, max {100 * max(abs(e) for e in errors):.1f}%"
@@ -344,6 +390,25 @@ def write_kernel(f: Fit, kernel: str, base: str) -> None:
 
 
 #: what each derived kernel release is, as its profile entry says
+def write_wgrad(f: Fit) -> None:
+    """Store the fitted biased grouped weight-gradient factor, with its rows and checks, in each of
+    :data:`WGRAD_STACKS`' files (``biased_grouped_wgrad_factor``)."""
+    loso_all = [e for errs in f.loso.values() for e in errs]
+    entry = {"value": f.value, "fitted_on": list(f.rows),
+             "method": "planner/validation/fit.py fit_wgrad: grid over [1, 15] step 0.1, least mean |error| of "
+                       "tokens/s per GPU on these rows (the 16-bit MoE rows with biased experts, GPT-OSS, of stacks "
+                       + ", ".join(WGRAD_STACKS) + "; Blackwell Ultra's rows held out)",
+             "in_sample": _pct(f.in_sample),
+             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check"}
+    for stack in WGRAD_STACKS:
+        def put(data: dict) -> None:
+            data["biased_grouped_wgrad_factor"] = {**entry, **{k: v for k, v in
+                                                              data.get("biased_grouped_wgrad_factor", {}).items()
+                                                              if k == "source"}}
+
+        _update_json(stacks_dir() / f"{stack}.json", put)
+
+
 KERNEL_SOURCES = {
     "cudnn-9.0": "cuDNN 9.0's fused flash attention (cuDNN sub-backend 1), as the NeMo 24.03 container ran it: "
                  "Transformer Engine 1.4 selects FusedAttention over FlashAttention on sm90 "
@@ -385,39 +450,41 @@ def _store(f: Fit, carried_to: tuple[str, ...], section: str, entry: dict, share
         _update_json(hardware_profiles_dir() / f"{name}.json", put)
 
 
+def _report(f: Fit, headline: str, groups: tuple[tuple[str, dict], ...]) -> None:
+    """Print one fit: its headline (value and rows), its in-sample errors and each left-out group's."""
+    print(f"{headline} on {len(f.rows)} rows ({', '.join(f.rows)})")
+    print(f"  in-sample: {_pct(f.in_sample)}")
+    for kind, left_out in groups:
+        for key, errs in left_out.items():
+            print(f"  left out {kind}{key}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write", action="store_true", help="store the fitted values in hardware_profiles/")
     args = ap.parse_args()
     for profile, precision, carried in TARGETS:
         f = fit(profile, precision)
-        print(f"{profile} {precision}: gemm efficiency ratio {f.value:.3f} on {len(f.rows)} rows "
-              f"({', '.join(f.rows)})")
-        print(f"  in-sample: {_pct(f.in_sample)}")
-        for src, errs in f.loso.items():
-            print(f"  left out {src}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
+        _report(f, f"{profile} {precision}: gemm efficiency ratio {f.value:.3f}", (("", f.loso),))
         if args.write:
             write(f, carried)
     for profiles, precision, carried, stack, dispatchers in CALL_TARGETS:
         f = fit_call(profiles, precision, stack, dispatchers)
         which = "" if dispatchers == EVERY else f", {dispatchers} dispatchers"
-        print(f"{f.profile} {precision} ({stack}{which}): expert GEMM issue time {f.value:.0f} us on {len(f.rows)} "
-              f"rows ({', '.join(f.rows)})")
-        print(f"  in-sample: {_pct(f.in_sample)}")
-        for kind, groups in (("source", f.loso), ("model family", f.lomo)):
-            for key, errs in groups.items():
-                print(f"  left out {kind} {key}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
+        _report(f, f"{f.profile} {precision} ({stack}{which}): expert GEMM issue time {f.value:.0f} us",
+                (("source ", f.loso), ("model family ", f.lomo)))
         if args.write:
             write_call(f, carried)
     for profile, kernel, base in KERNEL_TARGETS:
         f = fit_kernel(profile, kernel, base)
-        print(f"{profile} {kernel}: rate {f.value:.2f} x {base}'s table on {len(f.rows)} rows ({', '.join(f.rows)})")
-        print(f"  in-sample: {_pct(f.in_sample)}")
-        for kind, groups in (("source", f.loso), ("row", f.loro)):
-            for key, errs in groups.items():
-                print(f"  left out {kind} {key}: {', '.join(f'{100 * e:+.1f}%' for e in errs)}")
+        _report(f, f"{profile} {kernel}: rate {f.value:.2f} x {base}'s table", (("source ", f.loso), ("row ", f.loro)))
         if args.write:
             write_kernel(f, kernel, base)
+    f = fit_wgrad()
+    _report(f, f"{f.profile} {f.precision}: biased grouped weight-gradient factor {f.value:.1f}",
+            (("source ", f.loso),))
+    if args.write:
+        write_wgrad(f)
 
 
 if __name__ == "__main__":
