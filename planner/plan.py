@@ -9,10 +9,11 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
 
+from planner.cost.compute import biased_grouped_wgrad
 from planner.cost.step import Estimate, stage_layers
 from planner.errors import InfeasibleError, PlannerError
 from planner.specs.config import DEFAULT_RECOMPUTE_MODULES, RunConfig, canonical_recompute_modules
-from planner.specs.hardware import Cluster
+from planner.specs.hardware import GPU, Cluster
 from planner.specs.model import ModelSpec, validate_model
 
 SCHEMA_VERSION = "1.0"
@@ -111,13 +112,20 @@ def plan_dict(model: ModelSpec, cluster_name: str, cfg: RunConfig, est: Estimate
     return d
 
 
-def request_warnings(model: ModelSpec, cfg: RunConfig) -> list[str]:
+def request_warnings(model: ModelSpec, cfg: RunConfig, gpu: GPU | None = None) -> list[str]:
     """What a user should know about a request the planner still answers: a sequence longer than the model's
-    trained context (its positions must be extended, e.g. RoPE scaling, which the cost model does not price)."""
+    trained context (its positions must be extended, e.g. RoPE scaling, which the cost model does not price); on a
+    ``gpu`` as a stack runs it, biased experts priced through that stack's fitted grouped weight-gradient factor
+    (``compute.biased_grouped_wgrad``), with what avoids the path."""
     out = []
     if cfg.seq_len > model.max_seq_len:
         out.append(f"sequence length {cfg.seq_len} exceeds the model's maximum of {model.max_seq_len} positions "
                    f"(max_position_embeddings): the estimate assumes they are extended (e.g. RoPE scaling)")
+    if gpu is not None and gpu.biased_grouped_wgrad_factor != 1.0 and bool(biased_grouped_wgrad(model, cfg)):
+        out.append(f"the experts' biased GroupedLinear weight gradients in {cfg.precision} take "
+                   f"{gpu.biased_grouped_wgrad_factor:g}x the time the GEMM curve gives them (the stack's fitted "
+                   f"biased_grouped_wgrad_factor, from Megatron-Bridge's GPT-OSS runs); --precision fp8 / mxfp8 or one "
+                   f"grouped expert kernel (--grouped-expert-gemm, a stack such as torchtitan) avoid that path")
     return out
 
 

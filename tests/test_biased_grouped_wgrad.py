@@ -120,3 +120,23 @@ def test_the_checks_it_was_not_fitted_on():
         row = evaluate_modern_run(RUNS[rid])
         assert row.error == pytest.approx(err, abs=0.003) and "FSDP / ZeRO-3" in row.groups
         assert RUNS[rid]["layout"]["per_expert_gemm_calls"] is False and RUNS[rid].get("held_out")
+
+
+def test_estimate_says_when_the_factor_prices_a_request():
+    """`planner estimate` warns (stderr, and under --json in ``warnings``) where the stack's factor prices the
+    request, naming what avoids the path; not in mxfp8, not on a stack with one grouped expert kernel."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    base = ["estimate", "--model", modern_model_ref(RUNS["MB260401-B200-GPT-OSS-120B-bf16"]), "--cluster",
+            "b200-180gb", "--gpus", "64", "--global-batch", "1280", "--micro-batch", "4", "--seq-len", "4096",
+            "--ep", "8", "--json"]
+    warned = CliRunner().invoke(app, base)
+    assert warned.exit_code == 0, warned.output
+    notes = json.loads(warned.stdout)["warnings"]
+    assert len(notes) == 1 and "7.7x" in notes[0] and "--precision fp8 / mxfp8" in notes[0]
+    for extra in (["--precision", "mxfp8"], ["--stack", "torchtitan"]):
+        quiet = CliRunner().invoke(app, base + extra)
+        assert quiet.exit_code == 0, quiet.output
+        assert "warnings" not in json.loads(quiet.stdout), extra

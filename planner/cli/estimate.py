@@ -245,11 +245,13 @@ def estimate(
             cfg = packed_config(cfg, dist)
     accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1, cfg.cp_kind,
                         vision=spec.vision_layers > 0, model_type=spec.model_type).to_dict()
-    for warning in request_warnings(spec, cfg):
+    warnings = request_warnings(spec, cfg, hw.gpu)
+    for warning in warnings:
         err(f"warning: {warning}")
     if json_out:
         typer.echo(dumps({**plan_dict(spec, hw.name, cfg, est), "stack": run_stack.name,
                           "attention_kernel_priced": attention_kernel_priced(hw.gpu, cfg), "accuracy": accuracy,
+                          **({"warnings": warnings} if warnings else {}),
                           **({"data": data} if data is not None else {})}), nl=False)
     else:
         print_estimate(console(), est, cfg, f"{model_label(spec, seq_len)} on {gpus} x {hw.gpu.name} ({hw.name}), "

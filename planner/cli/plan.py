@@ -288,7 +288,7 @@ def plan(
             cfg_dyn, dyn_estimate = dyn  # its static estimate over the same packed data is already there
             data["dynamic_cp"]["exported"] = True
             emitted = {**plan_dict(spec, hw.name, cfg_dyn, dyn_estimate.static.estimate), "data": data}
-    for warning in request_warnings(spec, result.config):
+    for warning in request_warnings(spec, result.config, hw.gpu):
         err(f"warning: {warning}")
     if emit is not None:
         from planner.cli.export import write_export

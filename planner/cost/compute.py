@@ -375,6 +375,18 @@ def moe_load(cfg: Config):
     return np.where(np.asarray(cfg.ep) > 1, cfg.moe_load_factor, 1.0)
 
 
+def biased_grouped_wgrad(model: ModelSpec, cfg: Config):
+    """Whether (a flag, or an array over a batch) the experts' first GEMM takes Transformer Engine's biased 16-bit
+    grouped path: Megatron-Core builds it as GroupedLinear with its bias (TEGroupedMLP linear_fc1: bias, not
+    skip_bias_add; the second GEMM returns its bias to Megatron-Core's loop), and in 16-bit GroupedLinear fuses the
+    bias gradient into its per-expert weight-gradient GEMMs (transformer_engine/pytorch/module/grouped_linear.py v2.9,
+    backward: "Grad bias is fused with wgrad GEMM"; fp8 / mxfp8 compute it apart, bgrad_quantize). So: a MoE model
+    with biased experts, a stack issuing per-expert GEMMs, a 16-bit precision."""
+    if not (model.is_moe and model.mlp_bias):
+        return False
+    return np.asarray(cfg.per_expert_gemm_calls, dtype=bool) & np.isin(np.asarray(cfg.precision), SIXTEEN_BIT)
+
+
 def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
     """The feed-forward half of a layer: a dense MLP split by TP ("mlp" recomputes it), or the router, the routed
     experts (grouped GEMMs over the local experts; with expert biases, Megatron-Core's unfused pass adding the second
@@ -405,13 +417,7 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         experts_in = [_grouped(op, per_expert) for op in
                       _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe", **issue)]
         if model.mlp_bias:
-            # Megatron-Core builds the experts' first GEMM as Transformer Engine's GroupedLinear with its bias
-            # (TEGroupedMLP linear_fc1: bias, not skip_bias_add; the second returns its bias, applied below), and in
-            # 16-bit that layer fuses the bias gradient into its per-expert weight-gradient GEMMs
-            # (transformer_engine/pytorch/module/grouped_linear.py v2.9, backward: "Grad bias is fused with wgrad
-            # GEMM"; fp8 / mxfp8 compute it apart, bgrad_quantize). Only where the stack issues per-expert GEMMs
-            biased = per_expert & np.isin(np.asarray(cfg.precision), SIXTEEN_BIT)
-            experts_in[0] = replace(experts_in[0], biased_grouped_wgrad=biased)
+            experts_in[0] = replace(experts_in[0], biased_grouped_wgrad=biased_grouped_wgrad(model, cfg))
         ops += experts_in + [_grouped(op, per_expert) for op in
                              _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", **issue)]
         if model.mlp_bias:  # biased experts (gpt-oss): the second GEMM's bias, weighted by each copy's probability
