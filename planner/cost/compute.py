@@ -416,8 +416,8 @@ def ffn_ops(model: ModelSpec, cfg: Config, moe: bool) -> list[Op]:
         issue = dict(expert_calls=calls, expert_alltoall=alltoall_dispatch(cfg))
         experts_in = [_grouped(op, per_expert) for op in
                       _linear("experts_in", m_e, h, (n_mats - 1) * f / etp, cfg, batch=local, module="moe", **issue)]
-        if model.mlp_bias:
-            experts_in[0] = replace(experts_in[0], biased_grouped_wgrad=biased_grouped_wgrad(model, cfg))
+        # Transformer Engine's biased 16-bit grouped path (:func:`biased_grouped_wgrad`)
+        experts_in[0] = replace(experts_in[0], biased_grouped_wgrad=biased_grouped_wgrad(model, cfg))
         ops += experts_in + [_grouped(op, per_expert) for op in
                              _linear("experts_out", m_e, f / etp, h, cfg, batch=local, module="moe", **issue)]
         if model.mlp_bias:  # biased experts (gpt-oss): the second GEMM's bias, weighted by each copy's probability
