@@ -83,6 +83,10 @@ def test_the_megatron_stacks_carry_one_fitted_factor_with_its_rows():
     assert entry["fitted_on"] == rows and len(rows) == 14 and all("GPT-OSS" in r for r in rows)
     assert not any(("GB300" in r or "B300" in r) for r in rows)
     assert "grouped_linear.py" in entry["source"] and "leave_one_source_out" in entry
+    from planner.cli.listing import stack_rows
+
+    listed = {r["name"].split(" ")[0]: r["options"] for r in stack_rows()}
+    assert "grouped expert weight gradients x7.7" in listed["megatron-core"] and "x7.7" not in listed["torchtitan"]
     data = json.loads((stacks_dir() / "megatron-core.json").read_text())
     data["biased_grouped_wgrad_factor"] = {"value": 0.5}
     with pytest.raises(PlannerError, match="biased_grouped_wgrad_factor"):

@@ -116,7 +116,10 @@ def stack_rows() -> list[dict[str, Any]]:
             ([f"attention {s.attention_kernel}"] if s.attention_kernel and s.flash_attention else []) + \
             (["fp8 weights as Transformer Engine holds them"] if s.te_quantized_weights else []) + \
             ([f"Adam moments {' or '.join(s.adam_moments)}"] if len(s.adam_moments) > 1 else []) + \
-            ([f"selective recompute {s.recompute_modules}"] if s.recompute_modules != DEFAULT_RECOMPUTE_MODULES else [])
+            ([f"selective recompute {s.recompute_modules}"]
+             if s.recompute_modules != DEFAULT_RECOMPUTE_MODULES else []) + \
+            ([f"biased grouped expert weight gradients x{s.biased_grouped_wgrad_factor:g} in 16-bit (fitted)"]
+             if s.biased_grouped_wgrad_factor != 1.0 else [])
         return {"name": name + (" (default)" if name == DEFAULT_STACK else ""), "launcher": s.launcher,
                 "options": ", ".join(opts), "schedules": ", ".join(s.schedules),
                 "zero_stages": ", ".join(map(str, s.zero_stages)), "cp_kinds": ", ".join(s.cp_kinds) or "none",
