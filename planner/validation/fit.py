@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.cost.compute import alltoall_dispatch
+from planner.cost.compute import alltoall_dispatch, biased_grouped_wgrad
 from planner.specs.hardware import derived_attention_kernel, hardware_profiles_dir
 from planner.specs.stack import DEFAULT_STACK, stacks_dir
 from planner.validation.compare import evaluate_modern_run, load_modern_runs, modern_config, row_cluster, row_stack
@@ -226,19 +226,14 @@ def kernel_fitting_rows(profile: str, kernel: str) -> list[dict]:
 
 
 def wgrad_fitting_rows() -> list[dict]:
-    """The rows the biased grouped weight-gradient factor is fitted on: MoE rows of a model with biased experts
-    (``ModelSpec.mlp_bias``: GPT-OSS) in 16-bit that ran one of :data:`WGRAD_STACKS` with per-expert GEMM calls,
-    held-out rows aside."""
-    from planner.specs.config import SIXTEEN_BIT
+    """The rows the biased grouped weight-gradient factor is fitted on: the rows of :data:`WGRAD_STACKS` whose
+    layout takes Transformer Engine's biased 16-bit grouped path (``compute.biased_grouped_wgrad``: biased experts,
+    per-expert GEMM calls, 16-bit; GPT-OSS), held-out rows aside."""
     from planner.specs.model import load_model
     from planner.validation.compare import modern_model_ref
 
-    def biased(run: dict) -> bool:
-        model = load_model(modern_model_ref(run))
-        return model.is_moe and model.mlp_bias
-
-    return [r for r in load_modern_runs() if r["layout"]["precision"] in SIXTEEN_BIT and row_stack(r) in WGRAD_STACKS
-            and r["layout"].get("per_expert_gemm_calls", True) and not r.get("held_out") and biased(r)]
+    return [r for r in load_modern_runs() if row_stack(r) in WGRAD_STACKS and not r.get("held_out")
+            and bool(biased_grouped_wgrad(load_model(modern_model_ref(r)), modern_config(r)))]
 
 
 def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
@@ -389,7 +384,6 @@ def write_kernel(f: Fit, kernel: str, base: str) -> None:
     _update_json(hardware_profiles_dir() / f"{f.profile}.json", put)
 
 
-#: what each derived kernel release is, as its profile entry says
 def write_wgrad(f: Fit) -> None:
     """Store the fitted biased grouped weight-gradient factor, with its rows and checks, in each of
     :data:`WGRAD_STACKS`' files (``biased_grouped_wgrad_factor``)."""
@@ -400,15 +394,16 @@ def write_wgrad(f: Fit) -> None:
                        + ", ".join(WGRAD_STACKS) + "; Blackwell Ultra's rows held out)",
              "in_sample": _pct(f.in_sample),
              "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check"}
-    for stack in WGRAD_STACKS:
-        def put(data: dict) -> None:
-            data["biased_grouped_wgrad_factor"] = {**entry, **{k: v for k, v in
-                                                              data.get("biased_grouped_wgrad_factor", {}).items()
-                                                              if k == "source"}}
 
+    def put(data: dict) -> None:  # the new fit, keeping the file's hand-written source after its value
+        kept = {k: v for k, v in data.get("biased_grouped_wgrad_factor", {}).items() if k == "source"}
+        data["biased_grouped_wgrad_factor"] = {"value": entry["value"], **kept, **entry}
+
+    for stack in WGRAD_STACKS:
         _update_json(stacks_dir() / f"{stack}.json", put)
 
 
+#: what each derived kernel release is, as its profile entry says
 KERNEL_SOURCES = {
     "cudnn-9.0": "cuDNN 9.0's fused flash attention (cuDNN sub-backend 1), as the NeMo 24.03 container ran it: "
                  "Transformer Engine 1.4 selects FusedAttention over FlashAttention on sm90 "
