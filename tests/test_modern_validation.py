@@ -146,11 +146,12 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
     left_out = statistics.mean(abs(cross_validated_errors().get(i, ROWS[i].error)) for i in cell)
     assert moe.mean_abs_error == pytest.approx(left_out, abs=1e-3) and moe.mean_abs_error > in_sample + 0.04
     exact = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False)
-    assert exact.exact and exact.rows == 14 and exact.label == "H100 / H200 / H800, fp8, dense"  # 2 H200 rows
-    # the H100 fp8 dense rows with ring CP (6 of current releases, 6-16% optimistic, and NeMo 24.03's six, 26-37%)
-    # have their own, wider band
+    # 2 H200 rows and the 12 of torchtitan's Grand Teton H100s (h100-96gb-hbm2e) without CP
+    assert exact.exact and exact.rows == 26 and exact.label == "H100 / H200 / H800, fp8, dense"
+    # the H100 fp8 dense rows with ring CP (6 of current releases, 6-16% optimistic, NeMo 24.03's six, and the six
+    # of torchtitan's CP tables, 7-33%) have their own, wider band
     with_cp = band_for("NVIDIA H100 80GB SXM5", "fp8", moe=False, cp=True)
-    assert with_cp.exact and with_cp.rows == 12 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
+    assert with_cp.exact and with_cp.rows == 18 and with_cp.mean_abs_error > 2 * exact.mean_abs_error
     # one bf16 CP row on H100 (NeMo AutoModel's Llama 3.1 70B, FSDP2 with CP 2) is its cell; none with MoE and
     # CP: the family and precision's pooled band
     assert band_for("NVIDIA H100 80GB SXM5", "bf16", moe=False, cp=True).rows == 1
@@ -170,8 +171,8 @@ def test_error_bands_are_the_validation_residuals_and_estimates_carry_theirs():
                                  "--global-batch", "64", "--seq-len", "8192", "--precision", "fp8", "--json"])
     assert r.exit_code == 0, r.output
     acc = json.loads(r.stdout)["accuracy"]
-    # Llama's own 13 runs of the cell (the 14th is NeMo 24.07's GPT-3 175B)
-    assert acc["group"] == "H100 / H200 / H800, fp8, dense, llama runs" and acc["rows"] == 13
+    # Llama's own 25 runs of the cell (the 26th is NeMo 24.07's GPT-3 175B; 12 are torchtitan's Grand Teton rows)
+    assert acc["group"] == "H100 / H200 / H800, fp8, dense, llama runs" and acc["rows"] == 25
     assert isinstance(acc["runner_up_within_band"], bool)
     from planner.schema import validate_plan_json
     validate_plan_json(json.loads(r.stdout), "plan")
@@ -498,14 +499,14 @@ def test_validate_reports_accuracy_per_model_family():
     the HGX B300's two, 55%) where Llama's 65 read 5% (73 with GB300's, 5.4%; 82 with the rest of GB300's, 6.0%),
     Qwen3's and DeepSeek-V3's 5%. Since Megatron-Core's biased grouped weight gradients are priced and AutoModel's
     two GPT-OSS rows are in (2026-12-07), GPT-OSS's 22 read 7.3% and Nemotron 3 Nano's 17 (25%) are the family the
-    mean would hide."""
+    mean would hide. Llama's 108 read 6.9% with torchtitan's 24 Grand Teton rows (10.3%: CP and interleaved PP)."""
     r = CliRunner().invoke(app, ["validate", "--set", "modern", "--json"])
     assert r.exit_code == 0, r.output
     fams = json.loads(r.stdout)["modern"]["model_families"]
     assert sum(f["rows"] for f in fams.values()) == json.loads(r.stdout)["modern"]["overall"]["rows"]
     assert fams["gpt_oss"]["rows"] == 22 and fams["gpt_oss"]["mean_abs_error"] < 0.08
     assert fams["nemotron_h"]["rows"] == 17 and fams["nemotron_h"]["mean_abs_error"] > 0.2
-    assert fams["llama"]["mean_abs_error"] < 0.065 and fams["qwen3_moe"]["mean_abs_error"] < 0.06
+    assert fams["llama"]["mean_abs_error"] < 0.07 and fams["qwen3_moe"]["mean_abs_error"] < 0.06
     assert fams["deepseek_v3"]["mean_abs_error"] < 0.06
     text = CliRunner().invoke(app, ["validate", "--set", "modern"]).output
     assert "accuracy per model family" in text and "gpt_oss" in text

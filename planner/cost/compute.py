@@ -730,22 +730,26 @@ def attention_rate_flops(kernel: AttentionKernel, shape: AttentionShape, backwar
 def attention_time_s(op: Op, gpu: GPU, backward: bool = False):
     """Time of the fused attention core ``op`` forward (or backward: ``op.bwd_ratio`` times its FLOPs): with a
     kernel table in the profile (:class:`planner.specs.hardware.AttentionKernel`), at the kernel's rate for the
-    op's shape (:func:`attention_rate_flops`); without one, at the profile's single ``attention_efficiency``."""
+    op's shape (:func:`attention_rate_flops`); without one, at the profile's single ``attention_efficiency``; either
+    at the part's sustained share of its datasheet clocks (``GPU.sustained_tensor_ratio``)."""
     flops = op.flops * (op.bwd_ratio if backward else 1.0)
     if gpu.attention_kernel is None or op.shape is None:
-        return flops / (gpu.peak_flops * gpu.attention_efficiency)
+        return flops / (gpu.tensor_flops * gpu.attention_efficiency)
     names = np.asarray(op.shape.kernel)
     if names.ndim == 0:
-        return flops / attention_rate_flops(gpu.attention_table(str(names)), op.shape, backward)
-    # a batch whose configurations name different kernels: each kernel's rate where it is named
-    rate = np.zeros(names.shape)
-    for name in np.unique(names):
-        rate = np.where(names == name, attention_rate_flops(gpu.attention_table(str(name)), op.shape, backward), rate)
-    return flops / rate
+        rate = attention_rate_flops(gpu.attention_table(str(names)), op.shape, backward)
+    else:  # a batch whose configurations name different kernels: each kernel's rate where it is named
+        rate = np.zeros(names.shape)
+        for name in np.unique(names):
+            rate = np.where(names == name, attention_rate_flops(gpu.attention_table(str(name)), op.shape, backward),
+                            rate)
+    # the tables hold the kernels' speeds at the datasheet clocks; a power-capped part runs them slower
+    return flops / (rate * gpu.sustained_tensor_ratio)
 
 
 def op_time_s(op: Op, gpu: GPU):
-    """Forward time of one operator: FLOPs / (peak x efficiency) for compute, bytes / (HBM BW x efficiency)."""
+    """Forward time of one operator: FLOPs / (sustained peak x efficiency) for compute (``GPU.tensor_flops``: the
+    datasheet peak at the share a power limit leaves), bytes / (HBM BW x efficiency) for memory-bound kernels."""
     if op.kind == "gemm":
         # roofline: the slower of compute at the efficiency of this GEMM size and moving its operands over HBM. A
         # narrower precision runs at its tensor-core peak (s x bf16's); its efficiency is the curve's at the
@@ -754,14 +758,14 @@ def op_time_s(op: Op, gpu: GPU):
         speedup = gpu.tensor_speedup(op.precision)
         size = np.where(np.asarray(op.gemm_flops) != 0, op.gemm_flops, op.flops) / speedup
         efficiency = gpu.matmul_efficiency(size) * gpu.gemm_efficiency_ratio(op.precision)
-        compute = op.flops / (gpu.peak_flops * speedup * efficiency)
+        compute = op.flops / (gpu.tensor_flops * speedup * efficiency)
         return np.maximum(compute, op.hbm_bytes / gpu.hbm_bandwidth_bytes_per_s)
     if op.kind == "attention":
         return attention_time_s(op, gpu)
     if op.kind == "scan":
         # a fused kernel of many small matmuls over a long stream (the Mamba-2 SSD): the slower of its FLOPs at the
         # matmul efficiency of its whole work and its bytes at the memory-bound kernels' efficiency
-        compute = op.flops / (gpu.peak_flops * gpu.matmul_efficiency(op.flops))
+        compute = op.flops / (gpu.tensor_flops * gpu.matmul_efficiency(op.flops))
         return np.maximum(compute, op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
     return op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)
 

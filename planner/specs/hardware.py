@@ -156,6 +156,11 @@ class GPU:
     #: them (``compute.Op.biased_grouped_wgrad``); a stack's fitted value (``Stack.on_cluster``), never a profile's:
     #: 1 where the stack has no such path
     biased_grouped_wgrad_factor: float = 1.0
+    #: fraction of the datasheet tensor-core rate (``peak_flops`` and the narrower precisions' peaks, the attention
+    #: tables' plateaus) the part sustains under its power limit: 1 for a part run at its rated TDP; a power-capped
+    #: part's value is fitted on its public runs (``gpu.sustained_tensor_ratio``, the profile lists them). MFU stays
+    #: quoted against the datasheet peak
+    sustained_tensor_ratio: float = 1.0
 
     def attention_kernel_names(self) -> tuple[str, ...]:
         """The kernels this profile has a table for, the default first."""
@@ -199,6 +204,12 @@ class GPU:
             return general
         apart = per_precision(precision, self.expert_gemm_call_s_alltoall, np.nan)
         return np.where(np.asarray(alltoall, dtype=bool) & ~np.isnan(apart), apart, general)
+
+    @property
+    def tensor_flops(self) -> float:
+        """The dense bf16 tensor-core FLOP/s the GPU sustains: the datasheet ``peak_flops`` times
+        :attr:`sustained_tensor_ratio` (the rate every GEMM, scan and attention kernel is priced from)."""
+        return self.peak_flops * self.sustained_tensor_ratio
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -492,6 +503,17 @@ def _other_attention_kernels(d: Any, source: str, default: AttentionKernel | Non
     return tuple(tables[i] for i in range(len(d)))
 
 
+def _sustained_ratio(d: Any, source: str) -> float:
+    """``gpu.sustained_tensor_ratio``: {"value": fraction in (0, 1], ...provenance} (a fitted value with the rows
+    it was fitted on); absent: 1 (the part runs at its datasheet rate)."""
+    if d is None:
+        return 1.0
+    if not isinstance(d, dict):
+        raise PlannerError("must be an object", source=source, field="gpu.sustained_tensor_ratio",
+                           fix='e.g. {"value": 0.82, "fitted_on": [...]}, or leave the field out')
+    return _num(d, "value", source, "gpu.sustained_tensor_ratio", maximum=1.0)
+
+
 def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
     """``gpu.low_precision_gemm_efficiency``: {precision: {"value": ratio in (0, 1], ...provenance}}."""
     return _per_precision(d, source, "gpu.low_precision_gemm_efficiency", maximum=1.0)
@@ -561,6 +583,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),
         sm_count=_int(g, "sm_count", source, "gpu.sm_count", minimum=0, default=0,
                       fix="give the GPU's SM count (e.g. 132 for H100 SXM5) or leave the field out"),
+        sustained_tensor_ratio=_sustained_ratio(g.get("sustained_tensor_ratio"), source),
     )
     node = data.get("node")
     if not isinstance(node, dict):

@@ -53,7 +53,10 @@ REFERENCE = {"head_dim": 128, "keys": 4096}
 #: one the default stack runs there: Transformer Engine's
 #: FusedAttention (cuDNN), its choice on Hopper unless FlashAttention-3 is installed beside it
 #: (transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend)
-TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm")),)
+TARGETS = (("h100-80gb-sxm", "cuDNN", ("h200-141gb-sxm", "h800-80gb-sxm", "h100-96gb-hbm2e")),)
+#: what a table carried to a profile of the same die says of it: the speeds at the datasheet clocks, which a
+#: power-capped part runs at its ``gpu.sustained_tensor_ratio`` of
+SAME_DIE_NOTE = "same GH100 die: not refitted (at the datasheet clocks; a power limit is gpu.sustained_tensor_ratio)"
 #: Blackwell: (profile fitted on causal rows, its kernel, the profile whose fitted table lends the costs the causal
 #: rows cannot separate, profiles of the same die that carry the table scaled by their bf16 peak)
 BLACKWELL = (("b200-180gb", "cuDNN", "h100-80gb-sxm", ("gb200-nvl72", "gb300-nvl72", "b300-288gb")),)
@@ -262,7 +265,7 @@ def write(fits: list[KernelFit], default: str, same_die: tuple[str, ...]) -> Non
 
         def prov(f: KernelFit) -> dict:
             return _provenance(f, rows) if name == profile else \
-                {"carried_from": profile, "note": "same GH100 die and clocks: not refitted",
+                {"carried_from": profile, "note": SAME_DIE_NOTE,
                  "independent_check_error": _check_error(f.kernel, rows, name)}
         gpu["attention_kernel"] = _section(main.kernel, 1.0, ratio, prov(main))
         # releases derived from a table (``scaled_from``: their rate is fitted on training runs, planner.validation.fit)

@@ -35,7 +35,7 @@ from planner.specs.stack import DEFAULT_STACK, stacks_dir
 from planner.validation.compare import evaluate_modern_run, load_modern_runs, modern_config, row_cluster, row_stack
 
 #: (profile fitted, precision, profiles of the same die that carry the value unfitted)
-TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm")),
+TARGETS = (("h100-80gb-sxm", "fp8", ("h200-141gb-sxm", "h800-80gb-sxm", "h100-96gb-hbm2e")),
            ("b200-180gb", "fp8", ("gb200-nvl72", "gb300-nvl72", "b300-288gb")),
            ("b200-180gb", "mxfp8", ("gb200-nvl72", "gb300-nvl72", "b300-288gb")))
 #: profiles that carry another die's values (:data:`TARGETS`, :data:`CALL_TARGETS`), and why: Blackwell Ultra (GB300,
@@ -60,8 +60,8 @@ GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 ALLTOALL, OTHERS, EVERY = "alltoall", "others", "every"
 CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72", "b300-288gb"), DEFAULT_STACK, OTHERS),
                 (("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72", "b300-288gb"), DEFAULT_STACK, ALLTOALL),
-                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK, OTHERS),
-                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm",), DEFAULT_STACK, ALLTOALL),
+                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm", "h100-96gb-hbm2e"), DEFAULT_STACK, OTHERS),
+                (("h100-80gb-sxm",), "fp8", ("h200-141gb-sxm", "h100-96gb-hbm2e"), DEFAULT_STACK, ALLTOALL),
                 (("b200-180gb", "gb200-nvl72"), "mxfp8", (), "megatron-core-25.11", EVERY),
                 (("h100-80gb-sxm",), "fp8", (), "megatron-core-25.11", EVERY))
 #: issue times tried, microseconds per expert GEMM
@@ -84,6 +84,21 @@ KERNEL_GRID = np.round(np.arange(1.0, 2.0001, 0.01), 2)
 WGRAD_STACKS = ("megatron-core", "megatron-core-25.11")
 #: weight-gradient slowdowns tried
 WGRAD_GRID = np.round(np.arange(1.0, 15.0001, 0.1), 2)
+
+#: power-capped parts whose sustained tensor rate (``GPU.sustained_tensor_ratio``) is fitted, each on its rows that
+#: isolate the GPU's rate: one-dimensional FSDP (no tensor, pipeline or context parallelism), dense
+SUSTAIN_TARGETS = ("h100-96gb-hbm2e",)
+#: sustained fractions of the datasheet tensor rate tried
+SUSTAIN_GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
+#: what the fitted value stands for, as the profile says
+SUSTAIN_SOURCES = {
+    "h100-96gb-hbm2e": "the torchtitan benchmarks ran these GPUs at 'the default 500W power limit, although tuning it "
+                       "up to 700W TDP can potentially provide further speedups' and read their MFU against the SXM "
+                       "peak knowing 'the actual peak TFLOPs number is between SXM and NVL, and we don't know its "
+                       "exact value' (github pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md): the SMs "
+                       "clock down to hold 500 W under tensor-core load, so every GEMM and attention kernel runs at "
+                       "this share of the datasheet rate; HBM and links are not scaled",
+}
 
 
 @dataclass(frozen=True)
@@ -148,6 +163,17 @@ class _WgradParam:
 
     def apply(self, cluster, precision: str, value: float):
         return replace(cluster, gpu=replace(cluster.gpu, biased_grouped_wgrad_factor=float(value)))
+
+
+@dataclass(frozen=True)
+class _SustainParam:
+    """A power-capped part's sustained share of its datasheet tensor rate (:data:`SUSTAIN_TARGETS`): the row's
+    cluster at a trial share (precision-independent: the clock every tensor-core kernel runs at)."""
+
+    grid: np.ndarray = field(default_factory=lambda: SUSTAIN_GRID)
+
+    def apply(self, cluster, precision: str, value: float):
+        return replace(cluster, gpu=replace(cluster.gpu, sustained_tensor_ratio=float(value)))
 
 
 RATIO = _Param("low_precision_gemm_efficiency", GRID)
@@ -236,6 +262,14 @@ def wgrad_fitting_rows() -> list[dict]:
             and bool(biased_grouped_wgrad(load_model(modern_model_ref(r)), modern_config(r)))]
 
 
+def sustain_fitting_rows(profile: str) -> list[dict]:
+    """The rows a power-capped part's sustained tensor rate is fitted on: its dense rows without tensor, pipeline or
+    context parallelism (one-dimensional FSDP or DDP: the step is the GPU's kernels and the data-parallel
+    collectives hidden under them), held-out rows aside."""
+    return [r for r in load_modern_runs() if r["cluster"] == profile and not r.get("held_out") and not _is_moe(r)
+            and all(r["layout"].get(k, 1) == 1 for k in ("tp", "pp", "cp"))]
+
+
 def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
     """Every fitted value's rows, parameter and precision: :data:`TARGETS`' GEMM ratios, :data:`CALL_TARGETS`'
     expert GEMM issue times, then :data:`KERNEL_TARGETS`' kernel rate ratios (the rows :func:`fit`,
@@ -245,7 +279,8 @@ def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
         [(call_fitting_rows(profiles, precision, stack, dispatchers), call_param(dispatchers), precision)
          for profiles, precision, _, stack, dispatchers in CALL_TARGETS] + \
         [(kernel_fitting_rows(profile, kernel), _KernelParam(kernel, base), "")
-         for profile, kernel, base in KERNEL_TARGETS] + [(wgrad_fitting_rows(), _WgradParam(), "")]
+         for profile, kernel, base in KERNEL_TARGETS] + [(wgrad_fitting_rows(), _WgradParam(), "")] + \
+        [(sustain_fitting_rows(profile), _SustainParam(), "") for profile in SUSTAIN_TARGETS]
 
 
 def fitted_row_ids() -> frozenset[str]:
@@ -321,6 +356,16 @@ def fit_wgrad() -> Fit:
     value = _best(runs, param, "")
     return Fit("+".join(WGRAD_STACKS), "16-bit", value, tuple(r["id"] for r in runs),
                tuple(_errors(runs, param, "", value)), _left_out(runs, source_of, param, ""))
+
+
+def fit_sustain(profile: str) -> Fit:
+    """The sustained share of ``profile``'s datasheet tensor rate on :func:`sustain_fitting_rows`, with
+    leave-one-source-out and leave-one-row-out errors (its rows may all be one source's)."""
+    runs = sustain_fitting_rows(profile)
+    param = _SustainParam()
+    value = _best(runs, param, "")
+    return Fit(profile, "", value, tuple(r["id"] for r in runs), tuple(_errors(runs, param, "", value)),
+               _left_out(runs, source_of, param, ""), loro=_left_out(runs, row_id, param, ""))
 
 
 def _pct(errors) -> str:
@@ -403,6 +448,26 @@ def write_wgrad(f: Fit) -> None:
         _update_json(stacks_dir() / f"{stack}.json", put)
 
 
+def write_sustain(f: Fit) -> None:
+    """Store a fitted sustained tensor rate, with its rows and checks, as the profile's
+    ``gpu.sustained_tensor_ratio``."""
+    loso_all = [e for errs in f.loso.values() for e in errs]
+    loro_all = [e for errs in f.loro.values() for e in errs]
+    entry = {"value": f.value, "fitted_on": list(f.rows),
+             "method": "planner/validation/fit.py fit_sustain: grid over [0.50, 1.00] step 0.005, least mean |error| "
+                       f"of tokens/s per GPU on these rows (the dense rows of {f.profile} without tensor, pipeline or "
+                       "context parallelism; its other rows held out)",
+             "in_sample": _pct(f.in_sample),
+             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
+             "leave_one_row_out": _pct(loro_all) if loro_all else "one row only: no left-out check",
+             "source": SUSTAIN_SOURCES[f.profile]}
+
+    def put(data: dict) -> None:
+        data["gpu"]["sustained_tensor_ratio"] = entry
+
+    _update_json(hardware_profiles_dir() / f"{f.profile}.json", put)
+
+
 #: what each derived kernel release is, as its profile entry says
 KERNEL_SOURCES = {
     "cudnn-9.0": "cuDNN 9.0's fused flash attention (cuDNN sub-backend 1), as the NeMo 24.03 container ran it: "
@@ -480,6 +545,12 @@ def main() -> None:
             (("source ", f.loso),))
     if args.write:
         write_wgrad(f)
+    for profile in SUSTAIN_TARGETS:
+        f = fit_sustain(profile)
+        _report(f, f"{profile}: sustained tensor rate {f.value:.3f} of the datasheet's",
+                (("source ", f.loso), ("row ", f.loro)))
+        if args.write:
+            write_sustain(f)
 
 
 if __name__ == "__main__":
