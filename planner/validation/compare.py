@@ -141,7 +141,9 @@ def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
         out.append("MoE")
     if "M" in model.layer_pattern:
         out.append("hybrid (Mamba)")
-    if cfg.zero_stage == 3:
+    # sharded data parallelism: its ZeRO-2 rows are FSDP2 runs that keep their weights gathered across the step
+    # (under pipeline stages), as the torchtitan export maps fsdp_reshard_after_forward "never"
+    if cfg.zero_stage >= 2:
         out.append("FSDP / ZeRO-3")
     if cfg.seq_len >= LONG_CONTEXT_TOKENS:
         out.append("long context")
