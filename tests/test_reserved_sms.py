@@ -90,10 +90,10 @@ def test_the_cli_takes_it_records_it_and_refuses_a_bad_value():
     runner = CliRunner()
     out = runner.invoke(app, RUN + ["--comm-reserved-sms", "20", "--json"])
     assert out.exit_code == 0, out.output
-    plan = json.loads(out.output)
+    plan = json.loads(out.stdout)  # stderr warns that Megatron-Core runs no DualPipe (DeepSeek's own framework does)
     assert plan["options"]["comm_reserved_sms"] == 20
     assert config_from_dict(plan).comm_reserved_sms == 20
-    default = json.loads(runner.invoke(app, RUN + ["--json"]).output)
+    default = json.loads(runner.invoke(app, RUN + ["--json"]).stdout)
     assert "comm_reserved_sms" not in default["options"]
     assert plan["estimate"]["step_time_s"] > default["estimate"]["step_time_s"]
     bad = runner.invoke(app, RUN + ["--comm-reserved-sms", "-1"])

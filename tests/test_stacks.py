@@ -243,3 +243,35 @@ def test_bf16_adam_moments_save_a_third_of_the_optimizer_states_and_only_megatro
     d = json.loads(r.stdout)
     assert d["options"]["adam_moment_bytes"] == 2
     assert d["parallelism"]["zero_stage"] >= 1  # the precision-aware optimizer needs the distributed optimizer
+
+
+def test_estimate_warns_when_the_stack_cannot_launch_the_layout():
+    """`planner estimate` prices any layout the cost model knows, and says (stderr, and under --json in
+    ``warnings``) when the stack named cannot launch it (export.stack_layout_problem: its schedules, its ZeRO stages
+    with pipeline stages, its CP kinds, as its launcher runs them); the estimate itself is the same. Megatron-Core has
+    no zero-bubble H2 schedule and no ZeRO-3 with pipeline stages (Megatron FSDP takes none); torchtitan runs FSDP
+    under pipeline stages; DeepSpeed's CP is Ulysses only."""
+    from planner.export.spaces import stack_layout_problem
+    from planner.specs.config import RunConfig
+
+    base = ["estimate", "--model", "llama-3.1-8b", "--cluster", "h100-80gb-sxm", "--gpus", "16", "--global-batch",
+            "64", "--seq-len", "4096", "--json"]
+    cases = {("--pp", "2", "--schedule", "zb-h2"): "the zb-h2 schedule",
+             ("--pp", "2", "--zero", "3"): "ZeRO-3 with pipeline parallelism (pp=2)",
+             ("--pp", "2", "--zero", "3", "--stack", "torchtitan"): None,
+             ("--pp", "2"): None,
+             ("--cp", "2", "--stack", "deepspeed", "--cp-kind", "ring"): "ring context parallelism",
+             ("--cp", "2", "--stack", "deepspeed", "--cp-kind", "ulysses"): None}
+    for extra, what in cases.items():
+        r = runner.invoke(app, base + list(extra))
+        assert r.exit_code == 0, r.output
+        notes = [n for n in json.loads(r.stdout).get("warnings", []) if "does not run" in n]
+        assert (notes == []) if what is None else (len(notes) == 1 and what in notes[0] and "--stack" in notes[0]), \
+            (extra, notes)
+    warned = json.loads(runner.invoke(app, base + ["--pp", "2", "--schedule", "zb-h2"]).stdout)
+    assert warned["estimate"]["step_time_s"] > 0 and warned["schedule"] == "zb-h2"  # priced as asked
+    # every published row runs on its stack but DeepSeek's own DualPipe, which the row prices with Megatron-Core's
+    from planner.validation.compare import load_modern_runs, modern_config, row_stack
+    flagged = {r["id"] for r in load_modern_runs() if stack_layout_problem(load_stack(row_stack(r)), modern_config(r))}
+    assert flagged == {"DSV3-report-H800"}
+    assert stack_layout_problem(load_stack("megatron-core"), RunConfig(num_gpus=8, pp=2, zero_stage=1)) is None

@@ -11,6 +11,7 @@ from planner.cli.render import attention_kernel_line, attention_kernel_priced, m
 from planner.cost.schedule import SCHEDULES
 from planner.cost.step import estimate as estimate_config
 from planner.errors import PlannerError
+from planner.export.spaces import stack_layout_problem
 from planner.plan import dumps, plan_dict, request_warnings
 from planner.specs.config import (CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, OFFLOAD_MODULES, OP_SAC_MODULES,
                                    PRECISIONS, RECOMPUTE_MODES, RECOMPUTE_MODULES, RunConfig, canonical_offload_modules,
@@ -246,6 +247,11 @@ def estimate(
     accuracy = band_for(hw.gpu.name, cfg.precision, spec.is_moe, cfg.cp > 1, cfg.cp_kind,
                         vision=spec.vision_layers > 0, model_type=spec.model_type).to_dict()
     warnings = request_warnings(spec, cfg, hw.gpu)
+    problem = stack_layout_problem(run_stack, cfg)
+    if problem is not None:
+        warnings.append(f"stack {run_stack.name} does not run {problem} (--stack): the estimate prices the layout as "
+                        f"the cost model would; `planner plan --stack {run_stack.name}` searches what it runs, or name "
+                        f"a stack that runs this one (`planner list stacks`)")
     for warning in warnings:
         err(f"warning: {warning}")
     if json_out:

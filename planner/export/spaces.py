@@ -127,6 +127,27 @@ def stack_spaces(stack: Any, target: str | None = None, precision: str = "bf16",
     return out
 
 
+def stack_layout_problem(stack: Any, cfg: Any) -> str | None:
+    """Why ``stack`` cannot launch the layout ``cfg`` (a RunConfig), in words, or None where one of its search
+    spaces (:func:`stack_spaces`: what the stack runs, as its launcher runs it) holds the layout's schedule, its ZeRO
+    stage with its pipeline depth and its CP kind (the MoE dispatchers a stack lists are its search's choices, not
+    all it can run, so they are not checked). ``planner estimate`` prices any layout the cost model knows and says
+    so when the stack named could not run it."""
+    try:
+        spaces = stack_spaces(stack, precision=cfg.precision, recompute_modules=cfg.recompute_modules)
+    except PlannerError as e:
+        return e.reason
+    checks = ((lambda s: cfg.pp == 1 or cfg.schedule in s.schedules, f"the {cfg.schedule} schedule"),
+              (lambda s: cfg.zero_stage in s.zero_stages and (s.max_pp is None or cfg.pp <= s.max_pp),
+               f"ZeRO-{cfg.zero_stage}" + (f" with pipeline parallelism (pp={cfg.pp})" if cfg.pp > 1 else "")),
+              (lambda s: cfg.cp == 1 or (cfg.cp_kind in s.cp_kinds and (s.max_cp is None or cfg.cp <= s.max_cp)),
+               f"{cfg.cp_kind} context parallelism"))
+    if any(all(holds(s) for holds, _ in checks) for s in spaces):
+        return None
+    missing = [what for holds, what in checks if not any(holds(s) for s in spaces)]
+    return ", ".join(missing) if missing else "this combination of " + ", ".join(what for _, what in checks)
+
+
 def stack_target(stack: Any, launcher: str | None, activation_fp8_input_store: bool = False) -> str:
     """The launcher a search under ``stack`` writes its plan for: ``launcher`` if the user named one, else the
     stack's; a Megatron-Core plan that keeps the SwiGLU inputs in fp8 goes to Megatron-Bridge, which sets
