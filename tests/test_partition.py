@@ -211,15 +211,17 @@ def test_tighter_memory_budget_is_honoured(big):
 
 def test_search_partitions_under_the_users_memory_cap():
     """With --max-memory-gib the partition DP plans to that cap (not to the GPU's own memory, whose proposals
-    the search would then reject as over the cap): Llama-3.1-70B on 64 H100s at 40 GiB gains per-stage
-    recomputation that the even split cannot have."""
+    the search would then reject as over the cap): Llama-3.1-70B on 64 H100s at 28 GiB gains per-stage
+    recomputation that the even split cannot have (at 40 GiB until 2026-12-07, when ZeRO-2 / 3 under pipeline stages
+    began holding its gradients unsharded, as FSDP2 under torch.distributed.pipelining does, and the plans that had
+    needed it no longer fit)."""
     from planner.search.engine import search
     from planner.search.space import SearchSpace
 
     model, cluster = load_model("llama-3.1-70b"), load_cluster("h100-80gb-sxm")
-    kw = dict(top=0, max_memory_gib=40, space=SearchSpace(max_cp=1))
+    kw = dict(top=0, max_memory_gib=28, space=SearchSpace(max_cp=1))
     even = search(model, cluster, 64, 256, 4096, refine_partition=False, **kw).best
     res = search(model, cluster, 64, 256, 4096, **kw)
-    assert res.stats["partitions_improved"] >= 1
+    assert res.stats["partitions_improved"] >= 1 and res.best.config.recompute_layers_per_stage is not None
     assert res.best.estimate.step_time_s < even.estimate.step_time_s
-    assert res.best.estimate.peak_memory_bytes <= 40 * 2**30
+    assert res.best.estimate.peak_memory_bytes <= 28 * 2**30

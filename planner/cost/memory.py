@@ -488,10 +488,17 @@ def zero_sharded_params(dense, expert, zero_stage, dp_shard, expert_dp_shard, st
 
 def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
                       linear_weight_bytes=WEIGHT_BYTES, gathered_weight_bytes=None,
-                      grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES) -> dict[str, np.ndarray]:
+                      grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES, pipelined=False,
+                      accumulated_grad_bytes=GRAD_BYTES) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states on one GPU under ZeRO stage 0-3 (Rajbhandari et al. 2020).
 
-    Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers). The decoder
+    Stage 3 also holds the gathered weights of the layer in use and of the one prefetched (2 layers). Under pipeline
+    stages (``pipelined``: PP > 1) stages 2 and 3 hold their gradients unsharded until the step's last micro-batch,
+    at ``accumulated_grad_bytes`` (the reduce dtype's): the stacks that shard gradients under pipeline stages run
+    FSDP2 under torch.distributed.pipelining (torchtitan, NeMo AutoModel), which defers FSDP's gradient sync to the
+    last micro-batch (pipelining stage.py backward_maybe_with_nosync), and FSDP2 accumulates the unsharded gradients
+    in the reduce dtype where it differs from the parameters' (_fsdp_param.py to_accumulated_grad_if_needed). The
+    decoder
     layers' weights take ``linear_weight_bytes`` per element as held (:func:`held_linear_weight_bytes`; their norms
     and biases, under 1%, with them) and ``gathered_weight_bytes`` (default: the same) as gathered for use, the
     embedding and LM head (``p.ends``) bf16's 2; gradients ``grad_bytes`` per element (:func:`held_grad_bytes`), the
@@ -506,8 +513,9 @@ def model_state_bytes(p: StageParams, zero_stage, dp_shard, expert_dp_shard,
     ends = zero_sharded_params(p.ends, 0.0, zero_stage, dp_shard, expert_dp_shard, "weights")
     weights = (held("weights") - ends) * linear_weight_bytes + ends * WEIGHT_BYTES
     gathered = np.where((zero_stage >= 3) & (dp_shard > 1), 2 * p.largest_layer * gathered_b, 0.0)
-    return {"weights": weights + gathered, "gradients": held("gradients") * grad_bytes,
-            "optimizer": held("optimizer") * optimizer_bytes}
+    deferred = np.asarray(pipelined, dtype=bool) & (zero_stage >= ZERO_SHARDED_FROM_STAGE["gradients"])
+    grads = np.where(deferred, (p.dense + p.expert) * accumulated_grad_bytes, held("gradients") * grad_bytes)
+    return {"weights": weights + gathered, "gradients": grads, "optimizer": held("optimizer") * optimizer_bytes}
 
 
 def optimizer_state_bytes(adam_moment_bytes=4):

@@ -783,7 +783,8 @@ def _estimate_cached(model: ModelSpec, cluster: Cluster, cfg: RunConfig) -> Esti
     states = model_state_bytes(StageParams(dense_p, expert_p, largest, rank["end_params"]), cfg.zero_stage, dp_shard,
                                expert_dp_shard, weight_b, in_use_b,
                                held_grad_bytes(cfg.grad_reduce_bytes, cfg.grads_in_reduce_dtype),
-                               optimizer_state_bytes(cfg.adam_moment_bytes))
+                               optimizer_state_bytes(cfg.adam_moment_bytes), pipelined=p > 1,
+                               accumulated_grad_bytes=cfg.grad_reduce_bytes)
     # Megatron DDP / distributed optimizer / ZeRO-3: each rank's collectives, the slowest rank counts
     dp_group, edp_group = _dp_groups(cluster, cfg.tp, cfg.cp, dp, cfg.ep, cfg.expert_tp, copies, p, cfg.dp_shard)
     units = np.asarray(layers, dtype=float)[chunks].sum(axis=1)  # ZeRO-3 units: the rank's layers
