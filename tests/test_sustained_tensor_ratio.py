@@ -97,6 +97,9 @@ def test_the_profile_through_the_cli():
     capped part's MFU is lower than the rated part's at the same layout."""
     r = CliRunner().invoke(app, ["list", "clusters"])
     assert r.exit_code == 0 and PROFILE in r.output
+    listed = {c["name"]: c for c in json.loads(CliRunner().invoke(app, ["list", "clusters", "--json"]).stdout)}
+    assert listed[PROFILE]["sustained_tensor_ratio"] == _stored()["value"] < 1.0
+    assert listed["h100-80gb-sxm"]["sustained_tensor_ratio"] == 1.0
     args = ["estimate", "--model", "llama-3.1-8b", "--gpus", "8", "--global-batch", "16", "--micro-batch", "2",
             "--seq-len", "8192", "--stack", "torchtitan", "--zero", "3", "--json"]
     capped = CliRunner().invoke(app, args + ["--cluster", PROFILE])

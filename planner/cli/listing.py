@@ -50,8 +50,10 @@ def cluster_rows() -> list[dict[str, Any]]:
             "name": name, "gpu": c.gpu.name, "bf16_tflops": c.gpu.peak_flops / TFLOPS, "hbm_gib": c.gpu.hbm_bytes / GIB,
             "gpus_per_node": c.gpus_per_node, "intra_node_gb_s": c.intra_node.bandwidth_bytes_per_s / GB,
             "inter_node_gb_s": c.inter_node.bandwidth_bytes_per_s / GB, "max_gpus": c.max_gpus or None,
-            # in --json only (the table is full at 80 columns): the kernels --attention-kernel can name here
+            # in --json only (the table is full at 80 columns): the kernels --attention-kernel can name here, and
+            # the share of the datasheet tensor rate the part sustains under its power limit (bf16_tflops's)
             "attention_kernels": list(c.gpu.attention_kernel_names()),
+            "sustained_tensor_ratio": c.gpu.sustained_tensor_ratio,
         })
     from planner.specs.pools import load_pooled_cluster, shipped_pooled_clusters
 
