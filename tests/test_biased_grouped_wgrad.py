@@ -98,9 +98,9 @@ def test_the_stored_factor_is_the_fit_of_its_rows():
     reads: in-sample 7.3% mean with the 25.11 B200 row the worst (+44%); the other thirteen within 10%."""
     import statistics
 
-    from planner.validation.fit import WGRAD_GRID, _errors, _WgradParam, wgrad_fitting_rows
+    from planner.validation.fit import WGRAD, WGRAD_GRID, _errors, wgrad_fitting_rows
 
-    runs, param = wgrad_fitting_rows(), _WgradParam()
+    runs, param = wgrad_fitting_rows(), WGRAD
     value = load_stack("megatron-core").biased_grouped_wgrad_factor
     step = float(WGRAD_GRID[1] - WGRAD_GRID[0])
     score = {v: statistics.mean(abs(e) for e in _errors(runs, param, "", v)) for v in (value - step, value,

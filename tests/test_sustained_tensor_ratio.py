@@ -55,7 +55,7 @@ def test_the_stored_ratio_is_the_fit_on_the_one_dimensional_fsdp_rows():
     assert [r["id"] for r in rows] == stored["fitted_on"] and len(rows) == 4
     assert all(r["layout"]["tp"] == r["layout"]["pp"] == r["layout"]["cp"] == 1 for r in rows)
     assert all(r.get("held_out") for i, r in GT.items() if i not in stored["fitted_on"]) and len(GT) == 24
-    param = fit._SustainParam()
+    param = fit.SUSTAIN
 
     def score(value):
         return statistics.mean(abs(e) for e in fit._errors(rows, param, "", value))

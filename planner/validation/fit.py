@@ -88,8 +88,6 @@ WGRAD_GRID = np.round(np.arange(1.0, 15.0001, 0.1), 2)
 #: power-capped parts whose sustained tensor rate (``GPU.sustained_tensor_ratio``) is fitted, each on its rows that
 #: isolate the GPU's rate: one-dimensional FSDP (no tensor, pipeline or context parallelism), dense
 SUSTAIN_TARGETS = ("h100-96gb-hbm2e",)
-#: sustained fractions of the datasheet tensor rate tried
-SUSTAIN_GRID = np.round(np.arange(0.50, 1.0001, 0.005), 3)
 #: what the fitted value stands for, as the profile says
 SUSTAIN_SOURCES = {
     "h100-96gb-hbm2e": "the torchtitan benchmarks ran these GPUs at 'the default 500W power limit, although tuning it "
@@ -154,26 +152,23 @@ class _KernelParam:
 
 
 @dataclass(frozen=True)
-class _WgradParam:
-    """The stacks' biased grouped weight-gradient factor (:data:`WGRAD_STACKS`): the row's cluster as its stack runs
-    there with the factor at a trial value (precision-independent: the path exists in 16-bit only, where the rows
-    ran)."""
+class _GpuScalar:
+    """A fitted GPU number of one value for every precision: the row's cluster (as its stack runs there) with
+    ``GPU.<field>`` at a trial value."""
 
-    grid: np.ndarray = field(default_factory=lambda: WGRAD_GRID)
-
-    def apply(self, cluster, precision: str, value: float):
-        return replace(cluster, gpu=replace(cluster.gpu, biased_grouped_wgrad_factor=float(value)))
-
-
-@dataclass(frozen=True)
-class _SustainParam:
-    """A power-capped part's sustained share of its datasheet tensor rate (:data:`SUSTAIN_TARGETS`): the row's
-    cluster at a trial share (precision-independent: the clock every tensor-core kernel runs at)."""
-
-    grid: np.ndarray = field(default_factory=lambda: SUSTAIN_GRID)
+    field: str
+    grid: np.ndarray
 
     def apply(self, cluster, precision: str, value: float):
-        return replace(cluster, gpu=replace(cluster.gpu, sustained_tensor_ratio=float(value)))
+        return replace(cluster, gpu=replace(cluster.gpu, **{self.field: float(value)}))
+
+
+#: the stacks' biased grouped weight-gradient factor (:data:`WGRAD_STACKS`; the path exists in 16-bit only, where
+#: the rows ran)
+WGRAD = _GpuScalar("biased_grouped_wgrad_factor", WGRAD_GRID)
+#: a power-capped part's sustained share of its datasheet tensor rate (:data:`SUSTAIN_TARGETS`; the clock every
+#: tensor-core kernel runs at), on the GEMM ratios' grid
+SUSTAIN = _GpuScalar("sustained_tensor_ratio", GRID)
 
 
 RATIO = _Param("low_precision_gemm_efficiency", GRID)
@@ -279,8 +274,8 @@ def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
         [(call_fitting_rows(profiles, precision, stack, dispatchers), call_param(dispatchers), precision)
          for profiles, precision, _, stack, dispatchers in CALL_TARGETS] + \
         [(kernel_fitting_rows(profile, kernel), _KernelParam(kernel, base), "")
-         for profile, kernel, base in KERNEL_TARGETS] + [(wgrad_fitting_rows(), _WgradParam(), "")] + \
-        [(sustain_fitting_rows(profile), _SustainParam(), "") for profile in SUSTAIN_TARGETS]
+         for profile, kernel, base in KERNEL_TARGETS] + [(wgrad_fitting_rows(), WGRAD, "")] + \
+        [(sustain_fitting_rows(profile), SUSTAIN, "") for profile in SUSTAIN_TARGETS]
 
 
 def fitted_row_ids() -> frozenset[str]:
@@ -337,35 +332,31 @@ def fit_call(profiles: tuple[str, ...], precision: str, stack: str = DEFAULT_STA
                _left_out(runs, family_of, param, precision), stack, dispatchers)
 
 
+def _scalar_fit(name: str, label: str, runs: list[dict], param, by_row: bool) -> Fit:
+    """One value for every precision (``param``'s) fitted on ``runs``, with leave-one-source-out errors and, where
+    ``by_row`` (rows that may all be one source's), leave-one-row-out errors."""
+    value = _best(runs, param, "")
+    return Fit(name, label, value, tuple(r["id"] for r in runs), tuple(_errors(runs, param, "", value)),
+               _left_out(runs, source_of, param, ""), loro=_left_out(runs, row_id, param, "") if by_row else {})
+
+
 def fit_kernel(profile: str, kernel: str, base: str) -> Fit:
     """The rate ratio of attention-kernel release ``kernel`` over ``base``'s table on ``profile``, with
     leave-one-source-out errors (``loso``) and leave-one-row-out errors (``loro``): its rows may all be one
     source's (a container's table), and leaving one row out is then the only refit."""
-    runs = kernel_fitting_rows(profile, kernel)
-    param = _KernelParam(kernel, base)
-    value = _best(runs, param, "")
-    return Fit(profile, "", value, tuple(r["id"] for r in runs), tuple(_errors(runs, param, "", value)),
-               _left_out(runs, source_of, param, ""), loro=_left_out(runs, row_id, param, ""))
+    return _scalar_fit(profile, "", kernel_fitting_rows(profile, kernel), _KernelParam(kernel, base), by_row=True)
 
 
 def fit_wgrad() -> Fit:
     """The biased grouped weight-gradient factor of :data:`WGRAD_STACKS` on :func:`wgrad_fitting_rows`, with
     leave-one-source-out errors (each release's rows at the factor refit without them)."""
-    runs = wgrad_fitting_rows()
-    param = _WgradParam()
-    value = _best(runs, param, "")
-    return Fit("+".join(WGRAD_STACKS), "16-bit", value, tuple(r["id"] for r in runs),
-               tuple(_errors(runs, param, "", value)), _left_out(runs, source_of, param, ""))
+    return _scalar_fit("+".join(WGRAD_STACKS), "16-bit", wgrad_fitting_rows(), WGRAD, by_row=False)
 
 
 def fit_sustain(profile: str) -> Fit:
     """The sustained share of ``profile``'s datasheet tensor rate on :func:`sustain_fitting_rows`, with
     leave-one-source-out and leave-one-row-out errors (its rows may all be one source's)."""
-    runs = sustain_fitting_rows(profile)
-    param = _SustainParam()
-    value = _best(runs, param, "")
-    return Fit(profile, "", value, tuple(r["id"] for r in runs), tuple(_errors(runs, param, "", value)),
-               _left_out(runs, source_of, param, ""), loro=_left_out(runs, row_id, param, ""))
+    return _scalar_fit(profile, "", sustain_fitting_rows(profile), SUSTAIN, by_row=True)
 
 
 def _pct(errors) -> str:
@@ -373,30 +364,34 @@ def _pct(errors) -> str:
     return f"mean {100 * statistics.mean(abs(e) for e in errors):.1f}%, max {100 * max(abs(e) for e in errors):.1f}%"
 
 
+def _provenance(f: Fit, method: str, by_row: bool = False) -> dict:
+    """A fitted value as the data files store it: the value, the rows it was fitted on, how, its in-sample errors
+    and each source (and, ``by_row``, each row) left out."""
+    loso_all = [e for errs in f.loso.values() for e in errs]
+    entry = {"value": f.value, "fitted_on": list(f.rows), "method": method, "in_sample": _pct(f.in_sample),
+             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check"}
+    if by_row:
+        loro_all = [e for errs in f.loro.values() for e in errs]
+        entry["leave_one_row_out"] = _pct(loro_all) if loro_all else "one row only: no left-out check"
+    return entry
+
+
 def write(f: Fit, carried_to: tuple[str, ...]) -> None:
     """Store the fitted value and its provenance in the profile (and, marked unfitted, in the same-die ones)."""
-    loso_all = [e for errs in f.loso.values() for e in errs]
-    entry = {"value": f.value, "fitted_on": list(f.rows),
-             "method": "planner/validation/fit.py: grid over [0.50, 1.00] step 0.005, least mean |error| of tokens/s "
-                       "per GPU on these rows",
-             "in_sample": _pct(f.in_sample),
-             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check"}
+    entry = _provenance(f, "planner/validation/fit.py: grid over [0.50, 1.00] step 0.005, least mean |error| of "
+                           "tokens/s per GPU on these rows")
     _store(f, carried_to, "low_precision_gemm_efficiency", entry, "tensor cores")
 
 
 def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
     """Store a fitted expert GEMM issue time (``gpu.expert_gemm_call_us``) in the profiles fitted together (and,
     marked unfitted, in those that carry it)."""
-    loso_all = [e for errs in f.loso.values() for e in errs]
     lomo_all = [e for errs in f.lomo.values() for e in errs]
-    entry = {"value": f.value, "fitted_on": list(f.rows),
-             "method": "planner/validation/fit.py: grid over [0, 400] us step 5, least mean |error| of tokens/s per "
-                       "GPU on these rows (the MoE rows of " + ", ".join(f.profile.split("+")) + " in this precision that ran "
-                       f"stack {f.stack}{_DISPATCHER_WORDS[f.dispatchers]}, all with Megatron-Core and Transformer "
-                       "Engine's grouped GEMM)",
-             "in_sample": _pct(f.in_sample),
-             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
-             "leave_one_model_family_out": _pct(lomo_all) if lomo_all else "one model family only: no left-out check"}
+    entry = _provenance(f, "planner/validation/fit.py: grid over [0, 400] us step 5, least mean |error| of tokens/s "
+                           "per GPU on these rows (the MoE rows of " + ", ".join(f.profile.split("+")) + " in this "
+                           f"precision that ran stack {f.stack}{_DISPATCHER_WORDS[f.dispatchers]}, all with "
+                           "Megatron-Core and Transformer Engine's grouped GEMM)")
+    entry["leave_one_model_family_out"] = _pct(lomo_all) if lomo_all else "one model family only: no left-out check"
     if f.stack != DEFAULT_STACK:  # another release's value: in its stack file, by profile
         def put(data: dict) -> None:
             for name in f.profile.split("+"):
@@ -410,16 +405,10 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
 
 def write_kernel(f: Fit, kernel: str, base: str) -> None:
     """Store a fitted kernel rate ratio as the ``gpu.other_attention_kernels`` entry of ``kernel`` (replacing it)."""
-    loso_all = [e for errs in f.loso.values() for e in errs]
-    loro_all = [e for errs in f.loro.values() for e in errs]
     entry = {"kernel": kernel, "scaled_from": base,
-             "rate_ratio": {
-                 "value": f.value, "fitted_on": list(f.rows),
-                 "method": "planner/validation/fit.py: grid over [1.00, 2.00] step 0.01, least mean |error| of "
-                           f"tokens/s per GPU on these rows (the rows of {f.profile} that ran {kernel})",
-                 "in_sample": _pct(f.in_sample),
-                 "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
-                 "leave_one_row_out": _pct(loro_all) if loro_all else "one row only: no left-out check"},
+             "rate_ratio": _provenance(f, "planner/validation/fit.py: grid over [1.00, 2.00] step 0.01, least "
+                                          "mean |error| of tokens/s per GPU on these rows (the rows of "
+                                          f"{f.profile} that ran {kernel})", by_row=True),
              "source": KERNEL_SOURCES[kernel]}
 
     def put(data: dict) -> None:
@@ -432,13 +421,9 @@ def write_kernel(f: Fit, kernel: str, base: str) -> None:
 def write_wgrad(f: Fit) -> None:
     """Store the fitted biased grouped weight-gradient factor, with its rows and checks, in each of
     :data:`WGRAD_STACKS`' files (``biased_grouped_wgrad_factor``)."""
-    loso_all = [e for errs in f.loso.values() for e in errs]
-    entry = {"value": f.value, "fitted_on": list(f.rows),
-             "method": "planner/validation/fit.py fit_wgrad: grid over [1, 15] step 0.1, least mean |error| of "
-                       "tokens/s per GPU on these rows (the 16-bit MoE rows with biased experts, GPT-OSS, of stacks "
-                       + ", ".join(WGRAD_STACKS) + "; Blackwell Ultra's rows held out)",
-             "in_sample": _pct(f.in_sample),
-             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check"}
+    entry = _provenance(f, "planner/validation/fit.py fit_wgrad: grid over [1, 15] step 0.1, least mean |error| of "
+                           "tokens/s per GPU on these rows (the 16-bit MoE rows with biased experts, GPT-OSS, of "
+                           "stacks " + ", ".join(WGRAD_STACKS) + "; Blackwell Ultra's rows held out)")
 
     def put(data: dict) -> None:  # the new fit, keeping the file's hand-written source after its value
         kept = {k: v for k, v in data.get("biased_grouped_wgrad_factor", {}).items() if k == "source"}
@@ -451,16 +436,10 @@ def write_wgrad(f: Fit) -> None:
 def write_sustain(f: Fit) -> None:
     """Store a fitted sustained tensor rate, with its rows and checks, as the profile's
     ``gpu.sustained_tensor_ratio``."""
-    loso_all = [e for errs in f.loso.values() for e in errs]
-    loro_all = [e for errs in f.loro.values() for e in errs]
-    entry = {"value": f.value, "fitted_on": list(f.rows),
-             "method": "planner/validation/fit.py fit_sustain: grid over [0.50, 1.00] step 0.005, least mean |error| "
-                       f"of tokens/s per GPU on these rows (the dense rows of {f.profile} without tensor, pipeline or "
-                       "context parallelism; its other rows held out)",
-             "in_sample": _pct(f.in_sample),
-             "leave_one_source_out": _pct(loso_all) if loso_all else "one source only: no left-out check",
-             "leave_one_row_out": _pct(loro_all) if loro_all else "one row only: no left-out check",
-             "source": SUSTAIN_SOURCES[f.profile]}
+    entry = _provenance(f, "planner/validation/fit.py fit_sustain: grid over [0.50, 1.00] step 0.005, least mean "
+                           f"|error| of tokens/s per GPU on these rows (the dense rows of {f.profile} without tensor, "
+                           "pipeline or context parallelism; its other rows held out)", by_row=True)
+    entry["source"] = SUSTAIN_SOURCES[f.profile]
 
     def put(data: dict) -> None:
         data["gpu"]["sustained_tensor_ratio"] = entry
