@@ -675,18 +675,21 @@ def _optimizer_s(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     return out
 
 
-def _states_bytes(t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.ndarray, n_moe: np.ndarray,
-                  extra_dense: np.ndarray, shards: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """Weights, gradients and optimizer states of one GPU (``memory.model_state_bytes``: ZeRO stage sharding, plus
-    the two gathered layers ZeRO-3 holds), for the largest layer kind the rank holds. ``shards``: the (dense,
-    expert) shard degrees (``shard_degrees``; default ZeRO over all of DP, the fewest bytes)."""
+def _states_bytes(space: Space, t: GroupTables, g: np.ndarray, zero: np.ndarray, n_layers: np.ndarray,
+                  n_moe: np.ndarray, extra_dense: np.ndarray,
+                  shards: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Weights, gradients and optimizer states of one GPU (``memory.model_state_bytes``: ZeRO stage sharding, the
+    two gathered layers ZeRO-3 holds, the unsharded gradients of ZeRO-2 / 3 under pipeline stages), for the largest
+    layer kind the rank holds. ``shards``: the (dense, expert) shard degrees (``shard_degrees``; default ZeRO over
+    all of DP, the fewest bytes)."""
     dense, expert = _local_params(t, g, n_layers, n_moe, extra_dense)
     largest = np.where(n_moe > 0, t.largest_layer_params[g, 1], 0.0)
     largest = np.maximum(largest, np.where(n_layers > n_moe, t.largest_layer_params[g, 0], 0.0))
     dp_shard, edp_shard = shards if shards is not None else (t.dp_shard[g], t.expert_dp_shard[g])
     states = model_state_bytes(StageParams(dense, expert, largest, extra_dense), zero, dp_shard, edp_shard,
                                t.linear_weight_bytes[zero], t.gathered_weight_bytes, t.grad_bytes[g],
-                               t.optimizer_bytes)
+                               t.optimizer_bytes, pipelined=space.col("pp")[g] > 1,
+                               accumulated_grad_bytes=space.col("grb")[g])
     return states["weights"] + states["gradients"] + states["optimizer"]
 
 
@@ -753,26 +756,30 @@ def row_memory_bound(space: Space, t: GroupTables, rows: Rows) -> np.ndarray:
     out = np.zeros(len(g))
     for rank in _end_ranks(space, t, g):
         n, nm, extra = rank[:3]
-        out = np.maximum(out, _states_bytes(t, g, z, n, nm, extra, shards) + _held_activations(t, g, rec, rank, vpp))
+        out = np.maximum(out, _states_bytes(space, t, g, z, n, nm, extra, shards)
+                         + _held_activations(t, g, rec, rank, vpp))
     return out
 
 
 def group_memory_bound(space: Space, t: GroupTables, groups: np.ndarray | None = None) -> np.ndarray:
     """Lower bound on the peak memory of every row of each group: the least row bound over the recomputation modes
     (partial recomputation lies between none and full) and the ZeRO stages that can be smallest (the largest
-    stage up to 2, which shards more with each stage, and 3, which shards the weights but holds gathered layers).
+    stage up to 2, which shards more with each stage, the largest up to 1, whose gradients under pipeline stages
+    ZeRO-2 holds unsharded in the reduce dtype, and 3, which shards the weights but holds gathered layers).
     Each rank's states (per ZeRO stage) and activations (per recomputation mode) are computed once and combined.
     ``groups``: only these groups (default: all)."""
     g = slice(None) if groups is None else np.asarray(groups, dtype=np.int64)
     n_groups = len(space.groups) if groups is None else len(g)
     vpp = _rank_chunks(space, g)
-    zeros = {max([z for z in space.zero_stages if z <= 2], default=None), 3 if 3 in space.zero_stages else None}
+    zeros = {max([z for z in space.zero_stages if z <= 2], default=None),
+             max([z for z in space.zero_stages if z <= 1], default=None), 3 if 3 in space.zero_stages else None}
     zeros = sorted(x for x in zeros if x is not None)
     ranks = list(_end_ranks(space, t, g))
     acts = [[_held_activations(t, g, np.int64(code), rank, vpp) for code in space.rec_codes] for rank in ranks]
     best = np.full(n_groups, np.inf)
     for z in zeros:
-        best = np.minimum(best, _least_peak([_states_bytes(t, g, np.int64(z), *rank[:3]) for rank in ranks], acts))
+        states = [_states_bytes(space, t, g, np.int64(z), *rank[:3]) for rank in ranks]
+        best = np.minimum(best, _least_peak(states, acts))
     return np.where(np.isfinite(best), best, 0.0)
 
 
@@ -793,6 +800,6 @@ def column_memory_floors(space: Space, t: GroupTables, groups: np.ndarray, colum
         if not has.any():
             continue
         shards = shard_degrees(space, t, g, np.full(len(g), j) * has)
-        states = [_states_bytes(t, g, np.int64(z), *rank[:3], shards) for rank in ranks]
+        states = [_states_bytes(space, t, g, np.int64(z), *rank[:3], shards) for rank in ranks]
         out[:, col] = np.where(has, _least_peak(states, acts), np.inf)
     return out
