@@ -126,7 +126,8 @@ class GPU:
     #: ``peak_flops``
     peak_flops_low_precision: tuple[tuple[str, float], ...] = ()
     #: fraction of its bf16 GEMM efficiency (at the same duration) a narrower precision's GEMMs reach: fitted per
-    #: GPU and precision on public runs (the profile lists them); 1 where not fitted
+    #: GPU and precision on public runs (the profile lists them); 1 where not fitted; above 1 where the bf16 curve is
+    #: carried from another part and this one's narrow GEMMs outrun it (never past the narrow peak)
     low_precision_gemm_efficiency: tuple[tuple[str, float], ...] = ()
     #: per GEMM precision, the time the training stack takes to issue one expert's GEMM of a grouped expert GEMM
     #: (Transformer Engine's GroupedLinear quantizes and calls one GEMM per local expert, after the all-to-all
@@ -514,9 +515,18 @@ def _sustained_ratio(d: Any, source: str) -> float:
     return _num(d, "value", source, "gpu.sustained_tensor_ratio", maximum=1.0)
 
 
-def _ratios(d: Any, source: str) -> tuple[tuple[str, float], ...]:
-    """``gpu.low_precision_gemm_efficiency``: {precision: {"value": ratio in (0, 1], ...provenance}}."""
-    return _per_precision(d, source, "gpu.low_precision_gemm_efficiency", maximum=1.0)
+def _ratios(d: Any, source: str, curve: EfficiencyCurve) -> tuple[tuple[str, float], ...]:
+    """``gpu.low_precision_gemm_efficiency``: {precision: {"value": ratio > 0, ...provenance}}, refused where the
+    ratio times the GEMM curve's top efficiency passes 1 (narrow GEMMs above their own peak). A ratio may pass 1
+    where the profile's bf16 curve is another die's (a profile that carries it): its narrow GEMMs may outrun it."""
+    ratios = _per_precision(d, source, "gpu.low_precision_gemm_efficiency", maximum=None)
+    top = max(curve.efficiency)
+    for name, ratio in ratios:
+        if not 0 < ratio * top <= 1:
+            raise PlannerError(f"{ratio:g} times the GEMM curve's top efficiency {top:g} is outside (0, 1]",
+                               source=source, field=f"gpu.low_precision_gemm_efficiency.{name}",
+                               fix=f"give a ratio in (0, {1 / top:.3f}]")
+    return ratios
 
 
 def expert_call_times(d: Any, source: str, section: str) -> tuple[tuple[str, float], ...]:
@@ -561,12 +571,13 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
     if not isinstance(g, dict):
         raise PlannerError("missing or not an object", source=source, field="gpu", fix=_FORMAT_FIX)
     default_kernel = _attention_kernel(g.get("attention_kernel"), source)
+    curve = _curve(g.get("matmul_efficiency"), source, "gpu.matmul_efficiency")
     gpu = GPU(
         name=str(g.get("name", default_name)),
         peak_flops=_num(g, "peak_bf16_tflops", source, "gpu") * TFLOPS,
         hbm_bytes=_num(g, "hbm_gib", source, "gpu") * GIB,
         hbm_bandwidth_bytes_per_s=_num(g, "hbm_bandwidth_tb_s", source, "gpu") * 1e12,
-        matmul_efficiency=_curve(g.get("matmul_efficiency"), source, "gpu.matmul_efficiency"),
+        matmul_efficiency=curve,
         attention_efficiency=_num(g, "attention_efficiency", source, "gpu", maximum=1.0),
         memory_bound_efficiency=_num(g, "memory_bound_efficiency", source, "gpu", maximum=1.0),
         memory_reserve_bytes=_num(g, "memory_reserve_gib", source, "gpu", positive=False) * GIB,
@@ -574,7 +585,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
                                        default=0.0),
         peak_flops_low_precision=tuple((name, _num(g, f"peak_{name}_tflops", source, "gpu") * TFLOPS)
                                        for name in LOW_PRECISIONS if f"peak_{name}_tflops" in g),
-        low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source),
+        low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source, curve),
         expert_gemm_call_s=expert_call_times(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us"),
         expert_gemm_call_s_alltoall=expert_call_times(g.get("expert_gemm_call_us_alltoall"), source,
                                                       "gpu.expert_gemm_call_us_alltoall"),
