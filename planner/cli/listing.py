@@ -51,9 +51,11 @@ def cluster_rows() -> list[dict[str, Any]]:
             "gpus_per_node": c.gpus_per_node, "intra_node_gb_s": c.intra_node.bandwidth_bytes_per_s / GB,
             "inter_node_gb_s": c.inter_node.bandwidth_bytes_per_s / GB, "max_gpus": c.max_gpus or None,
             # in --json only (the table is full at 80 columns): the kernels --attention-kernel can name here, and
-            # the share of the datasheet tensor rate the part sustains under its power limit (bf16_tflops's)
+            # the share of the datasheet tensor rate the part sustains under its power limit (bf16_tflops's), and
+            # the Mamba-2 SSD kernels' fitted rate (None: priced at their roofline)
             "attention_kernels": list(c.gpu.attention_kernel_names()),
             "sustained_tensor_ratio": c.gpu.sustained_tensor_ratio,
+            "ssd_scan_tflops": c.gpu.ssd_scan_flops / TFLOPS if c.gpu.ssd_scan_flops else None,
         })
     from planner.specs.pools import load_pooled_cluster, shipped_pooled_clusters
 

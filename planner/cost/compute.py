@@ -73,6 +73,9 @@ class Op:
     #: layer applies and whose bias gradient it fuses into them (:func:`ffn_ops`), priced
     #: ``GPU.biased_grouped_wgrad_factor`` times longer (a flag, or an array of them over a batch)
     biased_grouped_wgrad: bool | np.ndarray = False
+    #: backward over forward FLOPs of a "scan" op, whose backward kernels do other matmuls than its forward's
+    #: (:func:`ssd_traffic`); 0: ``bwd_ratio`` scales both its FLOPs and its bytes
+    bwd_flops_ratio: float | np.ndarray = 0.0
 
 
 @dataclass(frozen=True)
@@ -498,12 +501,13 @@ def elementwise_ops(model: ModelSpec, cfg: Config, kind: LayerKind) -> list[Op]:
 
 @dataclass(frozen=True)
 class SsdTraffic:
-    """Per token and TP rank of one, the Mamba-2 SSD kernels' HBM bytes forward and backward and their FLOPs
-    forward (:func:`ssd_traffic`); a TP rank of t moves and computes 1/t of each."""
+    """Per token and TP rank of one, the Mamba-2 SSD kernels' HBM bytes and matmul FLOPs forward and backward
+    (:func:`ssd_traffic`); a TP rank of t moves and computes 1/t of each."""
 
     fwd_bytes: float
     bwd_bytes: float
     fwd_flops: float
+    bwd_flops: float
 
 
 def ssd_traffic(model: ModelSpec) -> SsdTraffic:
@@ -519,13 +523,17 @@ def ssd_traffic(model: ModelSpec) -> SsdTraffic:
     them), then runs dz (12d), dstates (2GN + 4H + 2d + 2S), state-passing backward (8S), dx (6d + 12H + 2GN + 4GQ +
     2S), dB (2d + 8H + 2S + 4GN), dC (2S + 4H + 2d + 4GN), dCB (4d + 8H + 4GQ), two C B^T backward (12GN + 8GQ),
     ddA (4d + 12H + 4GQ) and the cumsum backward (10H): 76H + 30GN + 34d + 26S + 24GQ. FLOPs forward: chunk states
-    2dN, C B^T 2GQN, the chunk scan's intra-chunk 2dQ and inter-chunk 2dN."""
+    2dN, C B^T 2GQN, the chunk scan's intra-chunk 2dQ and inter-chunk 2dN: 4dN + 2dQ + 2GQN. Backward
+    (``_mamba_chunk_scan_combined_bwd``'s matmuls): the recomputed C B^T (2GQN) and chunk states (2dN), dstates
+    (C^T dout, 2dN), dx (the decayed C B^T against dout and B against dstates, 2dQ + 2dN), dB (x^T dstates, 2dN),
+    dC (dout states^T, 2dN), dCB (dout x^T, 2dQ), the two C B^T backward (4GQN) and ddA (2dQ): 10dN + 6dQ + 6GQN."""
     H, P, N, G, Q = (model.mamba_heads, model.mamba_head_dim, model.mamba_state_dim, model.mamba_groups,
                      model.mamba_chunk_size)
     d, S, GN, GQ = H * P, H * P * N / Q, G * N, G * Q
     fwd = 26 * H + 8 * GN + 10 * d + 12 * S + 8 * GQ
     bwd = 76 * H + 30 * GN + 34 * d + 26 * S + 24 * GQ
-    return SsdTraffic(fwd_bytes=float(fwd), bwd_bytes=float(bwd), fwd_flops=float(4 * d * N + 2 * GQ * N + 2 * d * Q))
+    return SsdTraffic(fwd_bytes=float(fwd), bwd_bytes=float(bwd), fwd_flops=float(4 * d * N + 2 * d * Q + 2 * GQ * N),
+                      bwd_flops=float(10 * d * N + 6 * d * Q + 6 * GQ * N))
 
 
 #: backward / forward HBM traffic of the Mamba mixer's causal depthwise convolution in Megatron-Core's training path
@@ -538,8 +546,8 @@ MAMBA_CONV_BWD_RATIO = 10 / 4
 def mamba_ops(model: ModelSpec, cfg: Config) -> list[Op]:
     """A Mamba-2 mixer (Dao & Gu 2024, Sec. 7; megatron/core/ssm/mamba_mixer.py), split over TP by heads and groups
     as Megatron-Core splits it: the in-projection to z, x, B, C and dt (h -> 2d + 2GN + H, column-parallel), the
-    causal depthwise convolution over x, B and C, the SSD scan (:func:`ssd_traffic`: memory-bound at these shapes,
-    timed by the roofline of its FLOPs and bytes), the gated group RMSNorm over d and the out-projection
+    causal depthwise convolution over x, B and C, the SSD scan (:func:`ssd_traffic`, timed by :func:`scan_time_s`),
+    the gated group RMSNorm over d and the out-projection
     (d -> h, row-parallel). The scan runs in bf16 / fp32 whatever the GEMM precision."""
     T, t, h = cfg.tokens_per_rank, cfg.tp, model.hidden_size
     d, GN, H = model.mamba_inner, model.mamba_groups * model.mamba_state_dim, model.mamba_heads
@@ -549,7 +557,8 @@ def mamba_ops(model: ModelSpec, cfg: Config) -> list[Op]:
             + [Op("mamba_conv1d", "memory", hbm_bytes=ACT_BYTES * 2 * (d + 2 * GN) * local,
                   bwd_ratio=MAMBA_CONV_BWD_RATIO, weight_grad_fraction=0.0),
                Op("mamba_ssd", "scan", flops=ssd.fwd_flops * local, hbm_bytes=ssd.fwd_bytes * local,
-                  bwd_ratio=ssd.bwd_bytes / ssd.fwd_bytes, weight_grad_fraction=0.0),
+                  bwd_ratio=ssd.bwd_bytes / ssd.fwd_bytes, bwd_flops_ratio=ssd.bwd_flops / ssd.fwd_flops,
+                  weight_grad_fraction=0.0),
                Op("mamba_norm", "memory", hbm_bytes=ACT_BYTES * 2 * d * local, bwd_ratio=2.0,
                   weight_grad_fraction=0.0)]
             + _linear("mamba_out_proj", T, d / t, h, cfg))
@@ -763,11 +772,21 @@ def op_time_s(op: Op, gpu: GPU):
     if op.kind == "attention":
         return attention_time_s(op, gpu)
     if op.kind == "scan":
-        # a fused kernel of many small matmuls over a long stream (the Mamba-2 SSD): the slower of its FLOPs at the
-        # matmul efficiency of its whole work and its bytes at the memory-bound kernels' efficiency
-        compute = op.flops / (gpu.tensor_flops * gpu.matmul_efficiency(op.flops))
-        return np.maximum(compute, op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
+        return scan_time_s(op, gpu)
     return op.hbm_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)
+
+
+def scan_time_s(op: Op, gpu: GPU, backward: bool = False):
+    """Time of a fused kernel of many small matmuls over a long stream (the Mamba-2 SSD, :func:`ssd_traffic`),
+    forward or backward (``Op.bwd_flops_ratio`` times its FLOPs, ``Op.bwd_ratio`` times its bytes): the slower of
+    its bytes at the memory-bound kernels' efficiency and its FLOPs at ``GPU.ssd_scan_flops``, the rate the
+    profile's fitted value gives those kernels (their Triton tiles are far smaller than a GEMM's), or where the
+    profile has none at the matmul efficiency of their whole work."""
+    flops_ratio = np.where(np.asarray(op.bwd_flops_ratio) > 0, op.bwd_flops_ratio, op.bwd_ratio)
+    flops = op.flops * (flops_ratio if backward else 1.0)
+    hbm = op.hbm_bytes * (op.bwd_ratio if backward else 1.0)
+    rate = gpu.ssd_scan_flops if gpu.ssd_scan_flops > 0 else gpu.tensor_flops * gpu.matmul_efficiency(flops)
+    return np.maximum(flops / rate, hbm / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
 
 
 @dataclass(frozen=True)
@@ -820,8 +839,13 @@ def compute_sm_share(gpu: GPU, reserved_sms):
 
 def op_bwd_time_s(op: Op, gpu: GPU, fwd_s):
     """Backward time of one operator whose forward takes ``fwd_s``: the attention kernel at its own backward rate
-    (:func:`attention_time_s`), any other op ``bwd_ratio`` times its forward."""
-    return attention_time_s(op, gpu, backward=True) if op.kind == "attention" else fwd_s * op.bwd_ratio
+    (:func:`attention_time_s`), a scan by its backward kernels' FLOPs and bytes (:func:`scan_time_s`), any other op
+    ``bwd_ratio`` times its forward."""
+    if op.kind == "attention":
+        return attention_time_s(op, gpu, backward=True)
+    if op.kind == "scan":
+        return scan_time_s(op, gpu, backward=True)
+    return fwd_s * op.bwd_ratio
 
 
 def _may_hold_op_sac(modules) -> bool:

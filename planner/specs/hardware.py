@@ -162,6 +162,10 @@ class GPU:
     #: part's value is fitted on its public runs (``gpu.sustained_tensor_ratio``, the profile lists them). MFU stays
     #: quoted against the datasheet peak
     sustained_tensor_ratio: float = 1.0
+    #: FLOP/s the Mamba-2 SSD kernels (mamba_ssm's Triton chunked-scan kernels, which Megatron-Core and Hugging Face
+    #: models call) sustain on their small matmuls, a fitted value (``gpu.ssd_scan_tflops``, the profile lists its
+    #: rows); 0: not given, the scan is priced by its roofline (:func:`planner.cost.compute.scan_time_s`)
+    ssd_scan_flops: float = 0.0
 
     def attention_kernel_names(self) -> tuple[str, ...]:
         """The kernels this profile has a table for, the default first."""
@@ -515,6 +519,17 @@ def _sustained_ratio(d: Any, source: str) -> float:
     return _num(d, "value", source, "gpu.sustained_tensor_ratio", maximum=1.0)
 
 
+def _ssd_rate(d: Any, source: str) -> float:
+    """``gpu.ssd_scan_tflops``: {"value": TFLOP/s, ...provenance} (a fitted value with the rows it was fitted on),
+    in FLOP/s; absent: 0 (the SSD scan at its roofline)."""
+    if d is None:
+        return 0.0
+    if not isinstance(d, dict):
+        raise PlannerError("must be an object", source=source, field="gpu.ssd_scan_tflops",
+                           fix='e.g. {"value": 30, "fitted_on": [...]}, or leave the field out')
+    return _num(d, "value", source, "gpu.ssd_scan_tflops") * TFLOPS
+
+
 def _ratios(d: Any, source: str, curve: EfficiencyCurve) -> tuple[tuple[str, float], ...]:
     """``gpu.low_precision_gemm_efficiency``: {precision: {"value": ratio > 0, ...provenance}}, refused where the
     ratio times the GEMM curve's top efficiency passes 1 (narrow GEMMs above their own peak). A ratio may pass 1
@@ -595,6 +610,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
         sm_count=_int(g, "sm_count", source, "gpu.sm_count", minimum=0, default=0,
                       fix="give the GPU's SM count (e.g. 132 for H100 SXM5) or leave the field out"),
         sustained_tensor_ratio=_sustained_ratio(g.get("sustained_tensor_ratio"), source),
+        ssd_scan_flops=_ssd_rate(g.get("ssd_scan_tflops"), source),
     )
     node = data.get("node")
     if not isinstance(node, dict):

@@ -105,6 +105,19 @@ WGRAD_GRID = np.round(np.arange(1.0, 15.0001, 0.1), 2)
 #: power-capped parts whose sustained tensor rate (``GPU.sustained_tensor_ratio``) is fitted, each on its rows that
 #: isolate the GPU's rate: one-dimensional FSDP (no tensor, pipeline or context parallelism), dense
 SUSTAIN_TARGETS = ("h100-96gb-hbm2e",)
+#: the profile whose hybrid rows without expert layers fit the Mamba-2 SSD kernels' rate (``GPU.ssd_scan_flops``),
+#: and the profiles that carry it, each with why: mamba_ssm's Triton SSD kernels run small tiles on CUDA cores' and
+#: tensor cores' generic paths, so their rate is not the tensor cores' (the carried value's rows check it)
+SSD_TARGET = "h100-80gb-sxm"
+SSD_CARRIED = {**{name: "same GH100 die" for name in ("h200-141gb-sxm", "h800-80gb-sxm", "h100-96gb-hbm2e")},
+               **{name: "Blackwell: the same Triton kernels, whose rate the tensor cores' does not set; its Nemotron 3 "
+                        "Nano rows check the carried value" for name in ("b200-180gb", "gb200-nvl72", "b300-288gb",
+                                                                       "gb300-nvl72")}}
+SSD_SOURCE = ("mamba_ssm's chunked SSD (mamba_ssm/ops/triton/ssd_combined.py: five Triton kernels forward, eleven "
+              "backward, which Megatron-Core's MambaMixer and Hugging Face's Nemotron-H call) over 64-256-token "
+              "chunks: small matmul tiles between exponentials, cumulative sums and fp32 state passing, far from a "
+              "GEMM's rate or the bytes' roofline. Fitted on a dense hybrid (Mamba-2, MLP and attention layers, no "
+              "experts), so no expert GEMM issue time or all-to-all trades against it")
 #: what the fitted value stands for, as the profile says
 SUSTAIN_SOURCES = {
     "h100-96gb-hbm2e": "the torchtitan benchmarks ran these GPUs at 'the default 500W power limit, although tuning it "
@@ -171,13 +184,14 @@ class _KernelParam:
 @dataclass(frozen=True)
 class _GpuScalar:
     """A fitted GPU number of one value for every precision: the row's cluster (as its stack runs there) with
-    ``GPU.<field>`` at a trial value."""
+    ``GPU.<field>`` at a trial value (in the grid's unit; ``unit`` converts it to SI)."""
 
     field: str
     grid: np.ndarray
+    unit: float = 1.0
 
     def apply(self, cluster, precision: str, value: float):
-        return replace(cluster, gpu=replace(cluster.gpu, **{self.field: float(value)}))
+        return replace(cluster, gpu=replace(cluster.gpu, **{self.field: float(value) * self.unit}))
 
 
 #: the stacks' biased grouped weight-gradient factor (:data:`WGRAD_STACKS`; the path exists in 16-bit only, where
@@ -186,6 +200,8 @@ WGRAD = _GpuScalar("biased_grouped_wgrad_factor", WGRAD_GRID)
 #: a power-capped part's sustained share of its datasheet tensor rate (:data:`SUSTAIN_TARGETS`; the clock every
 #: tensor-core kernel runs at), on the GEMM ratios' grid
 SUSTAIN = _GpuScalar("sustained_tensor_ratio", GRID)
+#: the Mamba-2 SSD kernels' sustained FLOP rate (:data:`SSD_TARGET`), TFLOP/s tried
+SSD = _GpuScalar("ssd_scan_flops", np.arange(5.0, 200.0001, 1.0), unit=1e12)
 
 
 RATIO = _Param("low_precision_gemm_efficiency", RATIO_GRID)
@@ -232,11 +248,12 @@ def fitting_rows(profile: str, precision: str) -> list[dict]:
     fitted on), held-out rows (``held_out``: checks of a layer model with no fitted number of its own) aside. Rows
     with CP are checks, not fitting rows: on H100 they carry a residual of their own (+10-15% where the rows without
     CP sit within 5%, README), which a GEMM ratio must not absorb. Nor are rows whose attention kernel's speed is
-    itself fitted (:data:`KERNEL_TARGETS`: NeMo 24.03's cuDNN 9.0): the two values would trade against each other."""
+    itself fitted (:data:`KERNEL_TARGETS`: NeMo 24.03's cuDNN 9.0), nor hybrid rows, whose Mamba-2 SSD kernels' rate
+    is fitted on them (:func:`ssd_fitting_rows`): the two values would trade against each other."""
     derived = {kernel for _, kernel, _ in KERNEL_TARGETS}
     return [r for r in load_modern_runs() if r["cluster"] == profile and r["layout"]["precision"] == precision
             and not _is_moe(r) and not r.get("held_out") and r["layout"].get("cp", 1) == 1
-            and r["layout"].get("attention_kernel", "") not in derived]
+            and r["layout"].get("attention_kernel", "") not in derived and not _is_hybrid(r)]
 
 
 def runs_alltoall(run: dict) -> bool:
@@ -282,6 +299,20 @@ def sustain_fitting_rows(profile: str) -> list[dict]:
             and all(r["layout"].get(k, 1) == 1 for k in ("tp", "pp", "cp"))]
 
 
+def _is_hybrid(run: dict) -> bool:
+    from planner.specs.model import load_model
+    from planner.validation.compare import modern_model_ref
+
+    return bool(load_model(modern_model_ref(run)).mamba_heads)
+
+
+def ssd_fitting_rows(profile: str) -> list[dict]:
+    """The rows the Mamba-2 SSD kernels' rate is fitted on: the hybrid rows of ``profile`` without expert layers
+    (whose issue times and all-to-alls would trade against it), held-out rows aside."""
+    return [r for r in load_modern_runs() if r["cluster"] == profile and not r.get("held_out") and _is_hybrid(r)
+            and not _is_moe(r)]
+
+
 def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
     """Every fitted value's rows, parameter and precision: :data:`TARGETS`' GEMM ratios, :data:`CALL_TARGETS`'
     expert GEMM issue times, then :data:`KERNEL_TARGETS`' kernel rate ratios (the rows :func:`fit`,
@@ -292,7 +323,8 @@ def _fitted_sets() -> list[tuple[list[dict], _Param, str]]:
          for profiles, precision, _, stack, dispatchers in CALL_TARGETS] + \
         [(kernel_fitting_rows(profile, kernel), _KernelParam(kernel, base), "")
          for profile, kernel, base in KERNEL_TARGETS] + [(wgrad_fitting_rows(), WGRAD, "")] + \
-        [(sustain_fitting_rows(profile), SUSTAIN, "") for profile in SUSTAIN_TARGETS]
+        [(sustain_fitting_rows(profile), SUSTAIN, "") for profile in SUSTAIN_TARGETS] + \
+        [(ssd_fitting_rows(SSD_TARGET), SSD, "")]
 
 
 def fitted_row_ids() -> frozenset[str]:
@@ -368,6 +400,12 @@ def fit_wgrad() -> Fit:
     """The biased grouped weight-gradient factor of :data:`WGRAD_STACKS` on :func:`wgrad_fitting_rows`, with
     leave-one-source-out errors (each release's rows at the factor refit without them)."""
     return _scalar_fit("+".join(WGRAD_STACKS), "16-bit", wgrad_fitting_rows(), WGRAD, by_row=False)
+
+
+def fit_ssd(profile: str = SSD_TARGET) -> Fit:
+    """The Mamba-2 SSD kernels' rate (TFLOP/s) on :func:`ssd_fitting_rows`, with leave-one-source-out and
+    leave-one-row-out errors (its rows may all be one source's)."""
+    return _scalar_fit(profile, "", ssd_fitting_rows(profile), SSD, by_row=True)
 
 
 def fit_sustain(profile: str) -> Fit:
@@ -466,6 +504,23 @@ def write_sustain(f: Fit) -> None:
     _update_json(hardware_profiles_dir() / f"{f.profile}.json", put)
 
 
+def write_ssd(f: Fit) -> None:
+    """Store the fitted SSD kernel rate, with its rows and checks, as ``gpu.ssd_scan_tflops`` of the fitted profile,
+    and marked carried, with why, in :data:`SSD_CARRIED`'s."""
+    entry = _provenance(f, "planner/validation/fit.py fit_ssd: grid over [5, 200] TFLOP/s step 1, least mean |error| "
+                           f"of tokens/s per GPU on these rows (the hybrid rows of {f.profile} without expert layers)",
+                        by_row=True)
+    entry["source"] = SSD_SOURCE
+    for name in (f.profile,) + tuple(SSD_CARRIED):
+        e = entry if name == f.profile else {"value": f.value, "carried_from": f.profile,
+                                             "why": f"{SSD_CARRIED[name]}; not fitted on this GPU's runs"}
+
+        def put(data: dict, e=e) -> None:
+            data["gpu"]["ssd_scan_tflops"] = e
+
+        _update_json(hardware_profiles_dir() / f"{name}.json", put)
+
+
 #: what each derived kernel release is, as its profile entry says
 KERNEL_SOURCES = {
     "cudnn-9.0": "cuDNN 9.0's fused flash attention (cuDNN sub-backend 1), as the NeMo 24.03 container ran it: "
@@ -543,6 +598,10 @@ def main() -> None:
             (("source ", f.loso),))
     if args.write:
         write_wgrad(f)
+    f = fit_ssd()
+    _report(f, f"{f.profile}: Mamba-2 SSD kernels at {f.value:.0f} TFLOP/s", (("source ", f.loso), ("row ", f.loro)))
+    if args.write:
+        write_ssd(f)
     for profile in SUSTAIN_TARGETS:
         f = fit_sustain(profile)
         _report(f, f"{profile}: sustained tensor rate {f.value:.3f} of the datasheet's",
