@@ -69,7 +69,8 @@ def test_the_ssd_scan_runs_at_the_profiles_kernel_rate_where_it_has_one():
     """With ``GPU.ssd_scan_flops`` the scan takes the slower of its FLOPs at that rate and its bytes at the
     memory-bound efficiency, forward and backward by their own FLOPs and bytes; without it, the roofline of the
     tensor cores and HBM. H100's fitted 35 TFLOP/s puts a Nano layer's scan (8,192 tokens) at 3,407,872 x 8,192 /
-    35e12 = 0.80 ms forward and 9,175,040 x 8,192 / 35e12 = 2.15 ms backward, where its bytes need 0.37 / 1.04 ms."""
+    35e12 = 0.80 ms forward and 9,175,040 x 8,192 / 35e12 = 2.15 ms backward, where its bytes need 0.37 / 1.04 ms;
+    a power-capped part runs it at its sustained share of the clocks, as every tensor-core kernel."""
     from dataclasses import replace
 
     from planner.cost.compute import op_bwd_time_s, op_time_s
@@ -82,6 +83,9 @@ def test_the_ssd_scan_runs_at_the_profiles_kernel_rate_where_it_has_one():
     fwd = float(op_time_s(scan, gpu))
     assert fwd == pytest.approx(3_407_872 * 8192 / 35e12)
     assert float(op_bwd_time_s(scan, gpu, fwd)) == pytest.approx(9_175_040 * 8192 / 35e12)
+    capped = load_cluster("h100-96gb-hbm2e").gpu  # the same die under a 500 W cap: the carried rate at its share
+    assert capped.ssd_scan_flops == gpu.ssd_scan_flops and capped.sustained_tensor_ratio < 1
+    assert float(op_time_s(scan, capped)) == pytest.approx(fwd / capped.sustained_tensor_ratio)
     roofline = replace(gpu, ssd_scan_flops=0.0)  # bytes-bound at the tensor cores' rate
     by_bytes = 108_160 * 8192 / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency)
     assert float(op_time_s(scan, roofline)) == pytest.approx(by_bytes)

@@ -780,12 +780,14 @@ def scan_time_s(op: Op, gpu: GPU, backward: bool = False):
     """Time of a fused kernel of many small matmuls over a long stream (the Mamba-2 SSD, :func:`ssd_traffic`),
     forward or backward (``Op.bwd_flops_ratio`` times its FLOPs, ``Op.bwd_ratio`` times its bytes): the slower of
     its bytes at the memory-bound kernels' efficiency and its FLOPs at ``GPU.ssd_scan_flops``, the rate the
-    profile's fitted value gives those kernels (their Triton tiles are far smaller than a GEMM's), or where the
-    profile has none at the matmul efficiency of their whole work."""
+    profile's fitted value gives those kernels (their Triton tiles are far smaller than a GEMM's) at the part's
+    sustained share of its clocks (``GPU.sustained_tensor_ratio``: the value is fitted at rated power), or where
+    the profile has none at the matmul efficiency of their whole work."""
     flops_ratio = np.where(np.asarray(op.bwd_flops_ratio) > 0, op.bwd_flops_ratio, op.bwd_ratio)
     flops = op.flops * (flops_ratio if backward else 1.0)
     hbm = op.hbm_bytes * (op.bwd_ratio if backward else 1.0)
-    rate = gpu.ssd_scan_flops if gpu.ssd_scan_flops > 0 else gpu.tensor_flops * gpu.matmul_efficiency(flops)
+    rate = (gpu.ssd_scan_flops * gpu.sustained_tensor_ratio if gpu.ssd_scan_flops > 0
+            else gpu.tensor_flops * gpu.matmul_efficiency(flops))
     return np.maximum(flops / rate, hbm / (gpu.hbm_bandwidth_bytes_per_s * gpu.memory_bound_efficiency))
 
 
