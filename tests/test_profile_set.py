@@ -29,7 +29,7 @@ def test_fms_fsdp_hsdp_rows():
     assert rows["FMS-A100-Llama2-7B-HSDP"].error == pytest.approx(-0.0309, abs=0.003)
     assert rows["FMS-H100-Llama2-7B-HSDP"].error == pytest.approx(0.1108, abs=0.003)
     for row in rows.values():
-        assert "FSDP / ZeRO-3" in row.groups and "--dp-shard 8" in row.command and "--profile-set" in row.command
+        assert "FSDP / ZeRO-2/3" in row.groups and "--dp-shard 8" in row.command and "--profile-set" in row.command
         args = row.command.split()[1:] + ["--json"]
         out = CliRunner().invoke(app, args)
         assert out.exit_code == 0, out.output

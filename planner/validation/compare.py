@@ -85,7 +85,7 @@ def validate(runs: list[dict] | None = None) -> list[ValidationRow]:
 # ---------------------------------------------------------------------------------------------------------------
 MODERN_FILE = Path(__file__).with_name("modern_runs.json")
 #: accuracy groups of the modern set (a row may be in several), in report order
-GROUPS = ("dense bf16", "fp8", "MoE", "hybrid (Mamba)", "FSDP / ZeRO-3", "long context", "context parallel",
+GROUPS = ("dense bf16", "fp8", "MoE", "hybrid (Mamba)", "FSDP / ZeRO-2/3", "long context", "context parallel",
           "H100 / H200 / H800", "B200", "B300 / GB300")
 #: from this sequence length on a run counts as long context
 LONG_CONTEXT_TOKENS = 32768
@@ -144,7 +144,7 @@ def row_groups(run: dict, model, cfg: RunConfig) -> tuple[str, ...]:
     # sharded data parallelism: its ZeRO-2 rows are FSDP2 runs that keep their weights gathered across the step
     # (under pipeline stages), as the torchtitan export maps fsdp_reshard_after_forward "never"
     if cfg.zero_stage >= 2:
-        out.append("FSDP / ZeRO-3")
+        out.append("FSDP / ZeRO-2/3")
     if cfg.seq_len >= LONG_CONTEXT_TOKENS:
         out.append("long context")
     if cfg.cp > 1:
