@@ -508,26 +508,27 @@ def _other_attention_kernels(d: Any, source: str, default: AttentionKernel | Non
     return tuple(tables[i] for i in range(len(d)))
 
 
-def _sustained_ratio(d: Any, source: str) -> float:
-    """``gpu.sustained_tensor_ratio``: {"value": fraction in (0, 1], ...provenance} (a fitted value with the rows
-    it was fitted on); absent: 1 (the part runs at its datasheet rate)."""
+def _fitted_scalar(d: Any, source: str, key: str, *, default: float, example: str,
+                   maximum: float | None = None) -> float:
+    """A fitted GPU number, ``gpu.<key>``: {"value": number, ...provenance} (the value with the rows it was fitted
+    on), refused in one line naming the field unless an object with a positive value (at most ``maximum``);
+    absent: ``default``."""
     if d is None:
-        return 1.0
+        return default
     if not isinstance(d, dict):
-        raise PlannerError("must be an object", source=source, field="gpu.sustained_tensor_ratio",
-                           fix='e.g. {"value": 0.82, "fitted_on": [...]}, or leave the field out')
-    return _num(d, "value", source, "gpu.sustained_tensor_ratio", maximum=1.0)
+        raise PlannerError("must be an object", source=source, field=f"gpu.{key}",
+                           fix=f'e.g. {{"value": {example}, "fitted_on": [...]}}, or leave the field out')
+    return _num(d, "value", source, f"gpu.{key}", maximum=maximum)
+
+
+def _sustained_ratio(d: Any, source: str) -> float:
+    """``gpu.sustained_tensor_ratio``: a fraction in (0, 1]; absent: 1 (the part runs at its datasheet rate)."""
+    return _fitted_scalar(d, source, "sustained_tensor_ratio", default=1.0, example="0.82", maximum=1.0)
 
 
 def _ssd_rate(d: Any, source: str) -> float:
-    """``gpu.ssd_scan_tflops``: {"value": TFLOP/s, ...provenance} (a fitted value with the rows it was fitted on),
-    in FLOP/s; absent: 0 (the SSD scan at its roofline)."""
-    if d is None:
-        return 0.0
-    if not isinstance(d, dict):
-        raise PlannerError("must be an object", source=source, field="gpu.ssd_scan_tflops",
-                           fix='e.g. {"value": 30, "fitted_on": [...]}, or leave the field out')
-    return _num(d, "value", source, "gpu.ssd_scan_tflops") * TFLOPS
+    """``gpu.ssd_scan_tflops``: TFLOP/s, returned in FLOP/s; absent: 0 (the SSD scan at its roofline)."""
+    return _fitted_scalar(d, source, "ssd_scan_tflops", default=0.0, example="30") * TFLOPS
 
 
 def _ratios(d: Any, source: str, curve: EfficiencyCurve) -> tuple[tuple[str, float], ...]:

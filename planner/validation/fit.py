@@ -236,11 +236,26 @@ def _left_out(runs: list[dict], key, param: _Param, precision: str) -> dict[str,
     return out
 
 
-def _is_moe(run: dict) -> bool:
+@functools.lru_cache(maxsize=None)
+def _model(ref: str):
+    """The model a row's ``--model`` names, read once (a frozen spec) however many row filters ask."""
     from planner.specs.model import load_model
+
+    return load_model(ref)
+
+
+def _row_model(run: dict):
     from planner.validation.compare import modern_model_ref
 
-    return load_model(modern_model_ref(run)).is_moe
+    return _model(modern_model_ref(run))
+
+
+def _is_moe(run: dict) -> bool:
+    return _row_model(run).is_moe
+
+
+def _is_hybrid(run: dict) -> bool:
+    return bool(_row_model(run).mamba_heads)
 
 
 def fitting_rows(profile: str, precision: str) -> list[dict]:
@@ -297,13 +312,6 @@ def sustain_fitting_rows(profile: str) -> list[dict]:
     collectives hidden under them), held-out rows aside."""
     return [r for r in load_modern_runs() if r["cluster"] == profile and not r.get("held_out") and not _is_moe(r)
             and all(r["layout"].get(k, 1) == 1 for k in ("tp", "pp", "cp"))]
-
-
-def _is_hybrid(run: dict) -> bool:
-    from planner.specs.model import load_model
-    from planner.validation.compare import modern_model_ref
-
-    return bool(load_model(modern_model_ref(run)).mamba_heads)
 
 
 def ssd_fitting_rows(profile: str) -> list[dict]:
@@ -437,7 +445,7 @@ def write(f: Fit, carried_to: tuple[str, ...]) -> None:
                            "0.005, least mean |error| of tokens/s per GPU on these rows")
     if f.profile in RATIO_NOTES:
         entry["note"] = RATIO_NOTES[f.profile]
-    _store(f, carried_to, "low_precision_gemm_efficiency", entry, "tensor cores")
+    _store(f, _same_die(f, carried_to, "tensor cores"), "low_precision_gemm_efficiency", entry)
 
 
 def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
@@ -456,8 +464,8 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
 
         _update_json(stacks_dir() / f"{f.stack}.json", put)
         return
-    _store(f, carried_to, "expert_gemm_call_us_alltoall" if f.dispatchers == ALLTOALL else "expert_gemm_call_us", entry,
-           "host software path (Megatron-Core, Transformer Engine)")
+    _store(f, _same_die(f, carried_to, "host software path (Megatron-Core, Transformer Engine)"),
+           "expert_gemm_call_us_alltoall" if f.dispatchers == ALLTOALL else "expert_gemm_call_us", entry)
 
 
 def write_kernel(f: Fit, kernel: str, base: str) -> None:
@@ -511,14 +519,7 @@ def write_ssd(f: Fit) -> None:
                            f"of tokens/s per GPU on these rows (the hybrid rows of {f.profile} without expert layers)",
                         by_row=True)
     entry["source"] = SSD_SOURCE
-    for name in (f.profile,) + tuple(SSD_CARRIED):
-        e = entry if name == f.profile else {"value": f.value, "carried_from": f.profile,
-                                             "why": f"{SSD_CARRIED[name]}; not fitted on this GPU's runs"}
-
-        def put(data: dict, e=e) -> None:
-            data["gpu"]["ssd_scan_tflops"] = e
-
-        _update_json(hardware_profiles_dir() / f"{name}.json", put)
+    _store(f, SSD_CARRIED, "ssd_scan_tflops", entry, per_precision=False)
 
 
 #: what each derived kernel release is, as its profile entry says
@@ -547,18 +548,26 @@ def _update_json(path: Path, change) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _store(f: Fit, carried_to: tuple[str, ...], section: str, entry: dict, shared: str) -> None:
-    """Store ``entry`` under ``gpu.<section>.<precision>`` of the profiles fitted together, and a note naming the
-    fitted profile in those that carry the value (same die)."""
+def _same_die(f: Fit, carried_to: tuple[str, ...], shared: str) -> dict[str, str]:
+    """Why each profile of ``carried_to`` carries ``f``'s value: the same die and ``shared`` part, or the other die
+    (:data:`NOT_SAME_DIE`) whose values it carries until its own runs are fitted."""
+    return {name: (f"{NOT_SAME_DIE[name]}, carrying the {shared} of {f.profile}" if name in NOT_SAME_DIE else
+                   f"same die and {shared} as {f.profile}") for name in carried_to}
+
+
+def _store(f: Fit, carried: dict[str, str], section: str, entry: dict, per_precision: bool = True) -> None:
+    """Store ``entry`` under ``gpu.<section>`` (``.<precision>`` where ``per_precision``) of the profiles fitted
+    together, and in each profile of ``carried`` a note naming the fitted profile and why it carries the value."""
     fitted = tuple(f.profile.split("+"))
-    for name in fitted + carried_to:
-        why = (f"{NOT_SAME_DIE[name]}, carrying the {shared} of {f.profile}" if name in NOT_SAME_DIE else
-               f"same die and {shared} as {f.profile}")
+    for name in fitted + tuple(carried):
         e = dict(entry) if name in fitted else {
-            "value": f.value, "carried_from": f.profile, "why": f"{why}; not fitted on this GPU's runs"}
+            "value": f.value, "carried_from": f.profile, "why": f"{carried[name]}; not fitted on this GPU's runs"}
 
         def put(data: dict, e=e) -> None:
-            data["gpu"].setdefault(section, {})[f.precision] = e
+            if per_precision:
+                data["gpu"].setdefault(section, {})[f.precision] = e
+            else:
+                data["gpu"][section] = e
 
         _update_json(hardware_profiles_dir() / f"{name}.json", put)
 
