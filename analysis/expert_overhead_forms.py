@@ -58,8 +58,8 @@ def pass_times_additive(ops, gpu, modules=""):
         tf = compute.op_time_s(op, gpu)
         tb = compute.op_bwd_time_s(op, gpu, tf)
         kernels = kernels + tf + tb
-        if np.any(op.expert_calls) and (gpu.expert_gemm_call_s or gpu.expert_gemm_call_s_alltoall):
-            extra = op.expert_calls * gpu.expert_call_s(op.precision, op.expert_alltoall)
+        if np.any(op.expert_calls) and (gpu.expert_gemm_call_s or gpu.expert_alltoall_sync_s):
+            extra = gpu.expert_issue_s(op.precision, op.expert_calls, op.expert_alltoall)
             issued = issued + (1.0 + compute.GEMM_BWD_RATIO) * extra
             tf, tb = tf + extra, tb + compute.GEMM_BWD_RATIO * extra
         fwd = fwd + tf
@@ -78,14 +78,14 @@ def use_per_copy(on: bool) -> None:
 
 def refit(per_copy: bool) -> None:
     use_per_copy(per_copy)
-    if per_copy:  # ns per copy: a finer grid than the per-call one
+    if per_copy:  # ns per copy: a finer grid than the per-call one (the all-to-all sync stays a time per pass)
         fit.CALL = fit._Param("expert_gemm_call_s", np.arange(0.0, 100.0001, 1.0), 1e-6)
-        fit.CALL_ALLTOALL = fit._Param("expert_gemm_call_s_alltoall", np.arange(0.0, 100.0001, 1.0), 1e-6)
     for profiles, precision, _carried, stack, dispatchers in fit.CALL_TARGETS:
         f = fit.fit_call(profiles, precision, stack, dispatchers)
         loso = [e for v in f.loso.values() for e in v]
         lomo = [e for v in f.lomo.values() for e in v]
-        unit = "ns per copy" if per_copy else "us per call"
+        unit = "us per pass (all-to-all sync)" if dispatchers == fit.ALLTOALL else \
+            "ns per copy" if per_copy else "us per call"
         print(f"{f.profile} {precision} ({stack}, {dispatchers}): {f.value:g} {unit}; "
               f"in-sample {fit._pct(f.in_sample)}; "
               f"left-out source {fit._pct(loso) if loso else '-'}; left-out model family {fit._pct(lomo) if lomo else '-'}")
@@ -99,9 +99,9 @@ def whole_set() -> None:
         hopper = r["cluster"] in HOPPER and row_stack(r) in HOPPER_NS_PER_COPY
         use_per_copy(hopper)
         cluster = row_cluster(r)
-        if hopper:  # one per-copy value after every dispatcher
-            for param in (fit.CALL, fit.CALL_ALLTOALL):
-                cluster = param.apply(cluster, "fp8", HOPPER_NS_PER_COPY[row_stack(r)])
+        if hopper:  # one per-copy value after every dispatcher, no all-to-all sync on top
+            cluster = fit.CALL.apply(cluster, "fp8", HOPPER_NS_PER_COPY[row_stack(r)])
+            cluster = fit.SYNC.apply(cluster, "fp8", 0.0)
         errs[rid] = evaluate_modern_run(r, cluster=cluster).error
 
     def group(name, keep):

@@ -408,7 +408,7 @@ def test_a_stack_with_one_grouped_kernel_issues_no_per_expert_calls():
     cfg = RunConfig(num_gpus=16, ep=16, global_batch_size=1024, seq_len=4096, precision="fp8")
     grouped = cfg.with_(per_expert_gemm_calls=False)
     assert not any(np.any(o.expert_calls) for o in layer_ops(model, grouped, MOE_LAYER))
-    bare = replace(h100, gpu=replace(h100.gpu, expert_gemm_call_s=(), expert_gemm_call_s_alltoall=()))
+    bare = replace(h100, gpu=replace(h100.gpu, expert_gemm_call_s=(), expert_alltoall_sync_s=()))
     # one kernel over all local experts is read on the efficiency curve at its whole work, so it runs at least as
     # fast as the same GEMMs issued one by one with no issue time (2.5% faster here: 8 experts of 2 x 4096 x 2048 x
     # 1536 in fp8 each, ~13 us of tensor-core work, against their ~100 us sum)
@@ -431,17 +431,23 @@ def test_issue_bound_expert_gemms_take_the_issue_time_and_large_ones_their_kerne
     15 microseconds of tensor-core work, below the profile's fitted issue time (40 us, the current release's), so
     the grouped GEMM takes 16 x that time forward and twice it backward; DeepSeek-V3's experts (7168-wide, 4096
     tokens each at EP 32) are long enough to hide it. The layer's tokens come through Megatron-Core's all-to-all
-    dispatcher (the default), whose issue time the profile gives apart (60 us, 2026-12-06)."""
-    issue_s = float(B200.gpu.expert_call_s("mxfp8", True))
-    assert 20e-6 < issue_s < 200e-6 and issue_s != float(B200.gpu.expert_call_s("mxfp8"))
-    bare = replace(B200, gpu=replace(B200.gpu, expert_gemm_call_s=(), expert_gemm_call_s_alltoall=()))
+    dispatcher (the default), whose host sync adds the profile's time per GEMM pass on top of the calls (160 us,
+    2026-12-08)."""
+    call_s = float(B200.gpu.expert_call_s("mxfp8"))
+    sync_s = float(dict(B200.gpu.expert_alltoall_sync_s)["mxfp8"])
+    issue_s = 16 * call_s + sync_s
+    assert 20e-6 < call_s < 200e-6 and 50e-6 < sync_s < 1000e-6
+    assert float(B200.gpu.expert_issue_s("mxfp8", 16, True)) == pytest.approx(issue_s)
+    assert float(B200.gpu.expert_issue_s("mxfp8", 16, False)) == pytest.approx(16 * call_s)
+    assert float(B200.gpu.expert_issue_s("mxfp8", 0, True)) == 0.0  # one grouped kernel: nothing host-bound
+    bare = replace(B200, gpu=replace(B200.gpu, expert_gemm_call_s=(), expert_alltoall_sync_s=()))
     model = load_model(QWEN3_30B)
     cfg = RunConfig(num_gpus=8, ep=8, global_batch_size=64, seq_len=4096, precision="mxfp8")
     for op in [o for o in layer_ops(model, cfg, MOE_LAYER) if o.name in ("experts_in", "experts_out")]:
         bound, free = pass_times([op], B200.gpu), pass_times([op], bare.gpu)
-        assert free.fwd_s < 16 * issue_s / 2
-        assert bound.fwd_s == pytest.approx(16 * issue_s)
-        assert bound.bwd_s == pytest.approx(2 * 16 * issue_s)
+        assert free.fwd_s < issue_s / 2
+        assert bound.fwd_s == pytest.approx(issue_s)
+        assert bound.bwd_s == pytest.approx(2 * issue_s)
     dsv3 = RunConfig(num_gpus=256, pp=8, ep=32, global_batch_size=1024, seq_len=4096, precision="mxfp8")
     ops = [o for o in layer_ops(DSV3, dsv3, MOE_LAYER) if o.name == "experts_in"]
     assert pass_times(ops, B200.gpu).fwd_s == pytest.approx(pass_times(ops, bare.gpu).fwd_s)
@@ -554,11 +560,11 @@ def test_a_stack_release_carries_its_own_expert_issue_times(tmp_path):
     differ = {k for k in new.options() if old.options()[k] != new.options()[k]}
     assert differ == {"moe_overlap_fills_issue_gaps"} and not old.moe_overlap_fills_issue_gaps
     model = load_model(QWEN3_30B)
-    # the release's value holds after every dispatcher (it gives none apart), the profile's current ones split: the
-    # flex dispatcher's 90 us, Megatron-Core's all-to-all dispatcher's 285 us (2026-12-06)
+    # the release's value holds after every dispatcher (it gives no sync time apart); the profile's current one adds
+    # the all-to-all dispatcher's sync to its per-expert calls (95 us a call, 760 us a pass, 2026-12-08)
     released = old.on_cluster(h100).gpu
-    assert float(released.expert_call_s("fp8", True)) == float(released.expert_call_s("fp8"))
-    assert float(h100.gpu.expert_call_s("fp8", True)) > 2 * float(h100.gpu.expert_call_s("fp8"))
+    assert float(released.expert_issue_s("fp8", 16, True)) == float(released.expert_issue_s("fp8", 16, False))
+    assert float(h100.gpu.expert_issue_s("fp8", 16, True)) > 1.4 * float(h100.gpu.expert_issue_s("fp8", 16, False))
     cfg = RunConfig(num_gpus=16, ep=16, global_batch_size=1024, seq_len=4096, precision="fp8", ep_dispatcher="deepep")
     assert estimate(model, old.on_cluster(h100), cfg).step_time_s > 1.2 * estimate(model, h100, cfg).step_time_s
     runner = CliRunner()
@@ -575,15 +581,29 @@ def test_a_stack_release_carries_its_own_expert_issue_times(tmp_path):
     with pytest.raises(PlannerError) as e:
         stack_from_dict(data, source="s.json")
     assert e.value.field == "expert_gemm_call_us.h100-80gb-sxm"
-    # a release may give the all-to-all dispatcher's own value: it replaces the profile's for that dispatcher only
+    # a release may give the all-to-all dispatcher's own sync time: it adds to the calls after that dispatcher only
     data = json.loads((stacks_dir() / "megatron-core-25.11.json").read_text())
-    data["expert_gemm_call_us_alltoall"] = {"h100-80gb-sxm": {"fp8": {"value": 400}}}
+    data["expert_alltoall_sync_us"] = {"h100-80gb-sxm": {"fp8": {"value": 400}}}
     own = stack_from_dict(data, source="s.json").on_cluster(h100).gpu
-    assert (float(own.expert_call_s("fp8", True)), float(own.expert_call_s("fp8"))) == pytest.approx((400e-6, 250e-6))
-    data["expert_gemm_call_us_alltoall"] = {"h100-80gb-sxm": 7}
+    assert (float(own.expert_issue_s("fp8", 4, True)), float(own.expert_issue_s("fp8", 4, False))) == \
+        pytest.approx((4 * 250e-6 + 400e-6, 4 * 250e-6))
+    data["expert_alltoall_sync_us"] = {"h100-80gb-sxm": 7}
     with pytest.raises(PlannerError) as e:
         stack_from_dict(data, source="s.json")
-    assert e.value.field == "expert_gemm_call_us_alltoall"
+    assert e.value.field == "expert_alltoall_sync_us"
+    # the per-call time the all-to-all dispatcher had apart until 2026-12-08 is refused, not misread
+    data = json.loads((stacks_dir() / "megatron-core-25.11.json").read_text())
+    data["expert_gemm_call_us_alltoall"] = {"h100-80gb-sxm": {"fp8": {"value": 400}}}
+    with pytest.raises(PlannerError, match="retired") as e:
+        stack_from_dict(data, source="s.json")
+    assert e.value.field == "expert_gemm_call_us_alltoall" and "expert_alltoall_sync_us" in str(e.value)
+    from planner.specs.hardware import cluster_from_dict, hardware_profiles_dir
+
+    profile = json.loads((hardware_profiles_dir() / "h100-80gb-sxm.json").read_text())
+    profile["gpu"]["expert_gemm_call_us_alltoall"] = {"fp8": {"value": 285}}
+    with pytest.raises(PlannerError, match="retired") as e:
+        cluster_from_dict(profile, source="p.json")
+    assert e.value.field == "gpu.expert_gemm_call_us_alltoall"
 
 
 # --- routing load on the busiest expert-parallel rank (--moe-load-factor) ------------------------------------------

@@ -61,7 +61,7 @@ class Op:
     #: backward issues two per forward GEMM (input and weight gradient). 0: one kernel, never host-bound
     expert_calls: float | np.ndarray = 0.0
     #: whether those calls follow Megatron-Core's all-to-all dispatcher (``RunConfig.ep_dispatcher`` "alltoall" with
-    #: EP > 1), whose issue time a profile or stack may give apart (``GPU.expert_gemm_call_s_alltoall``)
+    #: EP > 1), whose host sync adds a time per GEMM pass on top of the calls (``GPU.expert_alltoall_sync_s``)
     expert_alltoall: bool | np.ndarray = False
     #: the fused attention kernel's shape (kind "attention"), which sets its speed (:func:`attention_time_s`)
     shape: "AttentionShape | None" = None
@@ -898,9 +898,10 @@ def pass_times(ops: list[Op], gpu: GPU, modules="") -> PassTimes:
             scale, w = biased_wgrad_slowdown(op, gpu)
             tb = tb * scale
         kernels = kernels + tf + tb
-        if np.any(op.expert_calls) and (gpu.expert_gemm_call_s or gpu.expert_gemm_call_s_alltoall):
-            # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs
-            issue = op.expert_calls * gpu.expert_call_s(op.precision, op.expert_alltoall)
+        if np.any(op.expert_calls) and (gpu.expert_gemm_call_s or gpu.expert_alltoall_sync_s):
+            # a grouped expert GEMM runs no faster than the stack issues its per-expert GEMMs (and, after the
+            # all-to-all dispatcher's host sync, what the host issues before them onto the idle GPU)
+            issue = gpu.expert_issue_s(op.precision, op.expert_calls, op.expert_alltoall)
             issued = issued + (1.0 + GEMM_BWD_RATIO) * issue
             tf, tb = np.maximum(tf, issue), np.maximum(tb, GEMM_BWD_RATIO * issue)
         fwd = fwd + tf

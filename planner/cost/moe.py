@@ -157,22 +157,19 @@ def undominated_dispatchers(model: ModelSpec, cluster: Cluster, ep_group: comm.G
     dispatch's time (:func:`ep_layer_cost`'s ``all_to_all_s``) is affine in the tokens T of a GPU's shard, a per-token
     slope over the links plus per-peer latencies, so one that is no faster at one token and no faster per token than
     another never is there. Measured here at T = 1 and 2 (the search's rows hold every T >= 1); equal ones keep the
-    first. The rest of a layer depends on the dispatcher only through Megatron-Core's all-to-all one, whose expert
-    GEMMs issue at the profile's all-to-all time and whose host sync keeps the paired micro-batch from filling the
-    issue gaps (``compute.Op.expert_alltoall``, ``step.layer_costs``): a flex dispatcher (DeepEP, HybridEP) computes no
-    slower where that issue time is no shorter than the others', so it may drop the all-to-all one but never the
-    reverse. What the search holds where an EP group spans nodes (``planner.search.space``)."""
+    first. The rest of a layer depends on the dispatcher only through Megatron-Core's all-to-all one, whose host sync
+    adds its time to the expert GEMMs' issue and keeps the paired micro-batch from filling the issue gaps
+    (``compute.Op.expert_alltoall``, ``GPU.expert_alltoall_sync_s``, ``step.layer_costs``): a flex dispatcher (DeepEP,
+    HybridEP) never computes slower, so it may drop the all-to-all one but never the reverse. What the search holds
+    where an EP group spans nodes (``planner.search.space``)."""
     one = RunConfig(num_gpus=ep_group.size, ep=ep_group.size, global_batch_size=ep_group.size, seq_len=1)
     at = {d: np.array([float(ep_layer_cost(model, cluster, one.with_(seq_len=t, ep_dispatcher=d), ep_group,
                                            ep_group).all_to_all_s) for t in (1, 2)]) for d in dispatchers}
     fixed = {d: 2 * v[0] - v[1] for d, v in at.items()}  # the intercept of each affine time
     slope = {d: v[1] - v[0] for d, v in at.items()}
-    general, apart = dict(cluster.gpu.expert_gemm_call_s), dict(cluster.gpu.expert_gemm_call_s_alltoall)
-    # the all-to-all dispatcher's layers are no faster than a flex one's wherever its issue time is no shorter
-    slower = all(v >= general.get(p, 0.0) for p, v in apart.items())
 
-    def no_slower_compute(o, d):
-        return (o == "alltoall") == (d == "alltoall") or (slower and d == "alltoall")
+    def no_slower_compute(o, d):  # the all-to-all dispatcher's sync only adds (GPU.expert_issue_s)
+        return (o == "alltoall") == (d == "alltoall") or d == "alltoall"
     out = []
     for i, d in enumerate(dispatchers):
         beaten = any(fixed[o] <= fixed[d] and slope[o] <= slope[d] and no_slower_compute(o, d) and

@@ -130,15 +130,17 @@ class GPU:
     #: carried from another part and this one's narrow GEMMs outrun it (never past the narrow peak)
     low_precision_gemm_efficiency: tuple[tuple[str, float], ...] = ()
     #: per GEMM precision, the time the training stack takes to issue one expert's GEMM of a grouped expert GEMM
-    #: (Transformer Engine's GroupedLinear quantizes and calls one GEMM per local expert, after the all-to-all
-    #: dispatcher's host sync): the GPU waits when the expert GEMMs are shorter. Fitted per profile and precision
-    #: on public MoE runs (the profile lists them); 0 where not fitted (never launch-bound)
+    #: (Transformer Engine's GroupedLinear quantizes and calls one GEMM per local expert): the GPU waits when the
+    #: expert GEMMs are shorter. Fitted per profile and precision on public MoE runs of the flex dispatcher (DeepEP,
+    #: HybridEP; the profile lists them); 0 where not fitted (never launch-bound)
     expert_gemm_call_s: tuple[tuple[str, float], ...] = ()
-    #: the same after Megatron-Core's all-to-all dispatcher, where fitted apart (its dropless layers wait on the
-    #: token counts before the all-to-all and permute outside it; ``compute.Op.expert_alltoall``): per GEMM precision,
-    #: fitted on the public MoE runs of that dispatcher (the profile lists them); :attr:`expert_gemm_call_s` where
-    #: not given
-    expert_gemm_call_s_alltoall: tuple[tuple[str, float], ...] = ()
+    #: per GEMM precision, the host time a grouped expert GEMM pass after Megatron-Core's all-to-all dispatcher adds
+    #: to its per-expert calls: the dispatcher's host sync on the token counts before its all-to-all empties the
+    #: GPU's queue, so what the host issues from there to the expert GEMMs (permutation, the all-to-all, the
+    #: chunk sort, the quantization) runs on an idle GPU, once a pass whatever the local experts
+    #: (``compute.Op.expert_alltoall``). Fitted on the public MoE runs of that dispatcher (the profile lists them);
+    #: 0 where not given
+    expert_alltoall_sync_s: tuple[tuple[str, float], ...] = ()
     #: the fused attention kernel's speed by shape (:class:`AttentionKernel`): the one the default stack runs on this
     #: GPU; None: ``attention_efficiency`` for every shape (profiles without a kernel table)
     attention_kernel: AttentionKernel | None = None
@@ -200,15 +202,18 @@ class GPU:
         """:attr:`low_precision_gemm_efficiency` of ``precision`` (names or an array of them), 1 where none."""
         return per_precision(precision, self.low_precision_gemm_efficiency, 1.0)
 
-    def expert_call_s(self, precision, alltoall=False):
-        """:attr:`expert_gemm_call_s` of ``precision`` (names or an array of them), 0 where none; where ``alltoall``
-        (the grouped GEMM follows Megatron-Core's all-to-all dispatcher; a flag or an array of them),
-        :attr:`expert_gemm_call_s_alltoall` of the precision where the profile gives it."""
-        general = per_precision(precision, self.expert_gemm_call_s, 0.0)
-        if not self.expert_gemm_call_s_alltoall:
-            return general
-        apart = per_precision(precision, self.expert_gemm_call_s_alltoall, np.nan)
-        return np.where(np.asarray(alltoall, dtype=bool) & ~np.isnan(apart), apart, general)
+    def expert_call_s(self, precision):
+        """:attr:`expert_gemm_call_s` of ``precision`` (names or an array of them), 0 where none."""
+        return per_precision(precision, self.expert_gemm_call_s, 0.0)
+
+    def expert_issue_s(self, precision, calls, alltoall=False):
+        """Host time to issue one pass of a grouped expert GEMM of ``calls`` per-expert GEMMs (0: one kernel, never
+        host-bound): ``calls`` x :meth:`expert_call_s`, plus :attr:`expert_alltoall_sync_s` of the precision where
+        ``alltoall`` (the GEMM follows Megatron-Core's all-to-all dispatcher; flags or arrays of them)."""
+        calls = np.asarray(calls, dtype=float)
+        sync = per_precision(precision, self.expert_alltoall_sync_s, 0.0) if self.expert_alltoall_sync_s else 0.0
+        return calls * self.expert_call_s(precision) + np.where(np.asarray(alltoall, dtype=bool) & (calls > 0),
+                                                                 sync, 0.0)
 
     @property
     def tensor_flops(self) -> float:
@@ -546,9 +551,24 @@ def _ratios(d: Any, source: str, curve: EfficiencyCurve) -> tuple[tuple[str, flo
 
 
 def expert_call_times(d: Any, source: str, section: str) -> tuple[tuple[str, float], ...]:
-    """An expert GEMM issue-time section (``expert_gemm_call_us``, ``expert_gemm_call_us_alltoall``, in a profile's
+    """An expert GEMM issue-time section (``expert_gemm_call_us``, ``expert_alltoall_sync_us``, in a profile's
     ``gpu`` or a stack file by profile): {precision: {"value": microseconds, ...provenance}}, in seconds."""
     return _per_precision(d, source, section, maximum=None, scale=US, precisions=("bf16",) + LOW_PRECISIONS)
+
+
+#: the all-to-all dispatcher's issue-time key before 2026-12-08: a per-expert-call time, now the per-call time of
+#: every dispatcher plus ``expert_alltoall_sync_us``; a file that still has it is refused, not misread
+RETIRED_ALLTOALL_KEY = "expert_gemm_call_us_alltoall"
+
+
+def refuse_retired_alltoall_key(d: dict, source: str, section: str) -> None:
+    """Refuse (one line naming the field) a profile's ``gpu`` or a stack file that still gives
+    :data:`RETIRED_ALLTOALL_KEY`."""
+    if RETIRED_ALLTOALL_KEY in d:
+        raise PlannerError("the all-to-all dispatcher's per-call issue time is retired: its layers now take the "
+                           "per-call time of every dispatcher plus a time per GEMM pass", source=source,
+                           field=f"{section}{RETIRED_ALLTOALL_KEY}",
+                           fix="give expert_alltoall_sync_us (refit with python -m planner.validation.fit)")
 
 
 def _per_precision(d: Any, source: str, section: str, *, maximum: float | None, scale: float = 1.0,
@@ -586,6 +606,7 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
     g = data.get("gpu")
     if not isinstance(g, dict):
         raise PlannerError("missing or not an object", source=source, field="gpu", fix=_FORMAT_FIX)
+    refuse_retired_alltoall_key(g, source, "gpu.")
     default_kernel = _attention_kernel(g.get("attention_kernel"), source)
     curve = _curve(g.get("matmul_efficiency"), source, "gpu.matmul_efficiency")
     gpu = GPU(
@@ -603,8 +624,8 @@ def cluster_from_dict(data: Any, *, source: str = "<profile>", default_name: str
                                        for name in LOW_PRECISIONS if f"peak_{name}_tflops" in g),
         low_precision_gemm_efficiency=_ratios(g.get("low_precision_gemm_efficiency"), source, curve),
         expert_gemm_call_s=expert_call_times(g.get("expert_gemm_call_us"), source, "gpu.expert_gemm_call_us"),
-        expert_gemm_call_s_alltoall=expert_call_times(g.get("expert_gemm_call_us_alltoall"), source,
-                                                      "gpu.expert_gemm_call_us_alltoall"),
+        expert_alltoall_sync_s=expert_call_times(g.get("expert_alltoall_sync_us"), source,
+                                                 "gpu.expert_alltoall_sync_us"),
         attention_kernel=default_kernel,
         other_attention_kernels=_other_attention_kernels(g.get("other_attention_kernels"), source, default_kernel),
         fp8_gemm_tn_only=_flag(g, "fp8_gemm_tn_only", source, "gpu", default=True),

@@ -17,7 +17,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.specs.config import (ADAM_MOMENT_DTYPES, CP_KINDS, DEFAULT_RECOMPUTE_MODULES, EP_DISPATCHERS, ZERO_STAGES,
                                    RunConfig, canonical_recompute_modules)
-from planner.specs.hardware import ATTENTION_KERNELS, Cluster, expert_call_times
+from planner.specs.hardware import ATTENTION_KERNELS, Cluster, expert_call_times, refuse_retired_alltoall_key
 from planner.specs.model import _data_dir, _resolve, read_json_file
 
 #: the stack a command uses when none is given: what NeMo and Megatron-Bridge recipes run
@@ -109,9 +109,9 @@ class Stack:
     #: hold the current megatron-core release's): (profile name, ((precision, seconds), ...)), from the file's
     #: ``expert_gemm_call_us`` (fitted values, with the rows they were fitted on: planner/validation/fit.py)
     expert_gemm_call_s: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
-    #: the same after Megatron-Core's all-to-all dispatcher (``expert_gemm_call_us_alltoall``), where the release
-    #: gives it apart
-    expert_gemm_call_s_alltoall: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    #: the time a grouped expert GEMM pass after Megatron-Core's all-to-all dispatcher adds to its calls
+    #: (``expert_alltoall_sync_us``, ``hardware.GPU.expert_alltoall_sync_s``), where the release gives it
+    expert_alltoall_sync_s: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     #: what its selective recomputation redoes unless ``--recompute-modules`` says otherwise
     #: (``options.recompute_modules``, ``config.RECOMPUTE_MODULES``; absent: Megatron-Core's default, core_attn;
     #: torchtitan: the per-op policy of the release its launcher writes, "op_sac_v02")
@@ -124,22 +124,22 @@ class Stack:
     def on_cluster(self, cluster: Cluster) -> Cluster:
         """``cluster`` as this stack runs on it: the profile's expert GEMM issue times, with this stack's where it
         names the profile (a release whose host path issues expert GEMMs at another rate), and this stack's biased
-        grouped weight-gradient factor. A precision the stack gives one issue time for takes it after every
-        dispatcher, unless the stack also gives the all-to-all dispatcher's apart."""
+        grouped weight-gradient factor. A precision the stack gives a per-call time for takes it after every
+        dispatcher with no all-to-all sync time on top, unless the stack also gives that."""
         if self.biased_grouped_wgrad_factor != cluster.gpu.biased_grouped_wgrad_factor:
             cluster = replace(cluster, gpu=replace(cluster.gpu,
                                                    biased_grouped_wgrad_factor=self.biased_grouped_wgrad_factor))
         general = dict(self.expert_gemm_call_s).get(cluster.name, ())
-        apart = dict(self.expert_gemm_call_s_alltoall).get(cluster.name, ())
+        apart = dict(self.expert_alltoall_sync_s).get(cluster.name, ())
         if not general and not apart:
             return cluster
-        calls, alltoall = dict(cluster.gpu.expert_gemm_call_s), dict(cluster.gpu.expert_gemm_call_s_alltoall)
+        calls, sync = dict(cluster.gpu.expert_gemm_call_s), dict(cluster.gpu.expert_alltoall_sync_s)
         calls.update(general)
         for precision, _ in general:
-            alltoall.pop(precision, None)
-        alltoall.update(apart)
+            sync.pop(precision, None)
+        sync.update(apart)
         return replace(cluster, gpu=replace(cluster.gpu, expert_gemm_call_s=tuple(sorted(calls.items())),
-                                            expert_gemm_call_s_alltoall=tuple(sorted(alltoall.items()))))
+                                            expert_alltoall_sync_s=tuple(sorted(sync.items()))))
 
     def fixed_options(self) -> dict[str, Any]:
         """The options of ``config.FIXED_FIELDS`` this stack decides (a search holds them in every row):
@@ -223,8 +223,8 @@ def _list(d: dict, key: str, allowed: tuple | None, source: str, kind: type = st
 
 
 def _issue_times(data: dict, key: str, source: str) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
-    """A stack file's expert GEMM issue times by profile (``expert_gemm_call_us`` or its all-to-all dispatcher's
-    ``expert_gemm_call_us_alltoall``): {profile: {precision: {"value": microseconds}}}, in seconds."""
+    """A stack file's expert GEMM issue times by profile (``expert_gemm_call_us``, or the all-to-all dispatcher's
+    ``expert_alltoall_sync_us``): {profile: {precision: {"value": microseconds}}}, in seconds."""
     calls = data.get(key, {})
     if not isinstance(calls, dict) or not all(isinstance(v, dict) for v in calls.values()):
         raise PlannerError("must be an object of {profile: {precision: {\"value\": microseconds}}}", source=source,
@@ -296,8 +296,8 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
     if dispatcher not in dispatchers:
         raise PlannerError(f"the stack's options.ep_dispatcher {dispatcher!r} is not among its runs.ep_dispatchers",
                            source=source, field="runs.ep_dispatchers", fix=f"add {dispatcher!r} to the list")
-    call_s, call_s_alltoall = (_issue_times(data, key, source)
-                               for key in ("expert_gemm_call_us", "expert_gemm_call_us_alltoall"))
+    refuse_retired_alltoall_key(data, source, "")
+    call_s, sync_s = (_issue_times(data, key, source) for key in ("expert_gemm_call_us", "expert_alltoall_sync_us"))
     wgrad_factor = _fitted_factor(data, "biased_grouped_wgrad_factor", source)
     tpo_choices = _list(runs, "tp_comm_overlap", (True, False), source, bool)
     tpo = _bool(opts, "tp_comm_overlap", source, "options")
@@ -327,6 +327,6 @@ def stack_from_dict(data: Any, *, source: str = "<stack>") -> Stack:
         activation_fp8_input_store_runs=_bool(runs, "activation_fp8_input_store", source, "runs", default=False),
         recompute_fused_attention=_bool(opts, "recompute_fused_attention", source, "options", default=True),
         overlap_p2p_comm=_bool(opts, "overlap_p2p_comm", source, "options", default=True),
-        ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, expert_gemm_call_s_alltoall=call_s_alltoall,
+        ep_dispatcher=dispatcher, expert_gemm_call_s=call_s, expert_alltoall_sync_s=sync_s,
         ep_dispatcher_choices=dispatchers, recompute_modules=_recompute_modules(opts, source),
         biased_grouped_wgrad_factor=wgrad_factor)

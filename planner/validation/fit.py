@@ -68,12 +68,14 @@ RATIO_NOTES = {
 #: GPT-OSS's, whose gap has causes the model lacks (attention sinks, the biased experts' host loop, the clamped
 #: activation; README).
 #: Each stack release is fitted on the rows that ran it: megatron-core's values (the current release, in the hardware
-#: profiles) on the rows of the other containers, megatron-core-25.11's (in its stack file) on the NeMo 25.11 and
-#: 26.02 rows, whose dropless path issued expert GEMMs more slowly (stacks/megatron-core-25.11.json says how that was
-#: established). The current release's rows split by dispatcher (:data:`ALLTOALL`: Megatron-Core's all-to-all
-#: dispatcher, ``GPU.expert_gemm_call_s_alltoall``; :data:`OTHERS`: the flex dispatcher's DeepEP and HybridEP, and
-#: rows without expert parallelism): the same containers ran the all-to-all layouts no faster in 26.02.01-26.04.01
-#: than in 26.02 while the flex layouts sped up (README, "On H100 the slow issue follows the dispatcher")
+#: profiles) on the rows of the other containers, megatron-core-25.11's (in its stack file) on the NeMo 25.11 rows and
+#: Blackwell's 26.02 rows, whose dropless path issued expert GEMMs more slowly (stacks/megatron-core-25.11.json says
+#: how that was established). The current release's rows split by dispatcher: :data:`OTHERS` (the flex dispatcher's
+#: DeepEP and HybridEP, and rows without expert parallelism) fit the per-call time, ``GPU.expert_gemm_call_s``;
+#: :data:`ALLTOALL` (Megatron-Core's all-to-all dispatcher) fit, at that per-call time, what the dispatcher's host
+#: sync adds per GEMM pass, ``GPU.expert_alltoall_sync_s`` (so an ALLTOALL target follows its OTHERS target). The
+#: same containers ran the all-to-all layouts no faster in 26.02.01-26.04.01 than in 26.02 while the flex layouts
+#: sped up (README, "The expert issue time follows the dispatcher")
 ALLTOALL, OTHERS, EVERY = "alltoall", "others", "every"
 CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72", "b300-288gb"), DEFAULT_STACK, OTHERS),
                 (("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72", "b300-288gb"), DEFAULT_STACK, ALLTOALL),
@@ -83,6 +85,8 @@ CALL_TARGETS = ((("b200-180gb", "gb200-nvl72"), "mxfp8", ("gb300-nvl72", "b300-2
                 (("h100-80gb-sxm",), "fp8", (), "megatron-core-25.11", EVERY))
 #: issue times tried, microseconds per expert GEMM
 CALL_GRID_US = np.arange(0.0, 400.0001, 5.0)
+#: all-to-all sync times tried, microseconds per grouped expert GEMM pass
+SYNC_GRID_US = np.arange(0.0, 4000.0001, 20.0)
 
 #: attention-kernel releases priced as another table's shape at a fitted rate (``gpu.other_attention_kernels``
 #: entries with ``scaled_from``): (profile, kernel, the table it is scaled from). cuDNN 9.0, the fused attention of
@@ -206,13 +210,12 @@ SSD = _GpuScalar("ssd_scan_flops", np.arange(5.0, 200.0001, 1.0), unit=1e12)
 
 RATIO = _Param("low_precision_gemm_efficiency", RATIO_GRID)
 CALL = _Param("expert_gemm_call_s", CALL_GRID_US, 1e-6)
-CALL_ALLTOALL = _Param("expert_gemm_call_s_alltoall", CALL_GRID_US, 1e-6)
+SYNC = _Param("expert_alltoall_sync_s", SYNC_GRID_US, 1e-6)
 
 
 def call_param(dispatchers: str) -> _Param:
-    """The GPU field a :data:`CALL_TARGETS` entry fits: the all-to-all dispatcher's own issue time, or the general
-    one."""
-    return CALL_ALLTOALL if dispatchers == ALLTOALL else CALL
+    """The GPU field a :data:`CALL_TARGETS` entry fits: the all-to-all dispatcher's sync time, or the per-call time."""
+    return SYNC if dispatchers == ALLTOALL else CALL
 
 
 def _errors(runs: list[dict], param: _Param, precision: str, value: float) -> list[float]:
@@ -449,13 +452,17 @@ def write(f: Fit, carried_to: tuple[str, ...]) -> None:
 
 
 def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
-    """Store a fitted expert GEMM issue time (``gpu.expert_gemm_call_us``) in the profiles fitted together (and,
-    marked unfitted, in those that carry it)."""
+    """Store a fitted expert GEMM issue time (``gpu.expert_gemm_call_us``, or the all-to-all dispatcher's
+    ``gpu.expert_alltoall_sync_us``) in the profiles fitted together (and, marked unfitted, in those that carry
+    it)."""
     lomo_all = [e for errs in f.lomo.values() for e in errs]
-    entry = _provenance(f, "planner/validation/fit.py: grid over [0, 400] us step 5, least mean |error| of tokens/s "
-                           "per GPU on these rows (the MoE rows of " + ", ".join(f.profile.split("+")) + " in this "
-                           f"precision that ran stack {f.stack}{_DISPATCHER_WORDS[f.dispatchers]}, all with "
-                           "Megatron-Core and Transformer Engine's grouped GEMM)")
+    grid = call_param(f.dispatchers).grid
+    what = ", at the per-call time of the rows of the other dispatchers" if f.dispatchers == ALLTOALL else ""
+    entry = _provenance(f, f"planner/validation/fit.py: grid over [0, {grid[-1]:.0f}] us step {grid[1] - grid[0]:g}, "
+                           "least mean |error| of tokens/s per GPU on these rows (the MoE rows of "
+                           + ", ".join(f.profile.split("+")) + " in this precision that ran stack "
+                           f"{f.stack}{_DISPATCHER_WORDS[f.dispatchers]}, all with Megatron-Core and Transformer "
+                           f"Engine's grouped GEMM{what})")
     entry["leave_one_model_family_out"] = _pct(lomo_all) if lomo_all else "one model family only: no left-out check"
     if f.stack != DEFAULT_STACK:  # another release's value: in its stack file, by profile
         def put(data: dict) -> None:
@@ -465,7 +472,7 @@ def write_call(f: Fit, carried_to: tuple[str, ...]) -> None:
         _update_json(stacks_dir() / f"{f.stack}.json", put)
         return
     _store(f, _same_die(f, carried_to, "host software path (Megatron-Core, Transformer Engine)"),
-           "expert_gemm_call_us_alltoall" if f.dispatchers == ALLTOALL else "expert_gemm_call_us", entry)
+           "expert_alltoall_sync_us" if f.dispatchers == ALLTOALL else "expert_gemm_call_us", entry)
 
 
 def write_kernel(f: Fit, kernel: str, base: str) -> None:
@@ -593,7 +600,8 @@ def main() -> None:
     for profiles, precision, carried, stack, dispatchers in CALL_TARGETS:
         f = fit_call(profiles, precision, stack, dispatchers)
         which = "" if dispatchers == EVERY else f", {dispatchers} dispatchers"
-        _report(f, f"{f.profile} {precision} ({stack}{which}): expert GEMM issue time {f.value:.0f} us",
+        what = "all-to-all sync time" if dispatchers == ALLTOALL else "expert GEMM issue time"
+        _report(f, f"{f.profile} {precision} ({stack}{which}): {what} {f.value:.0f} us",
                 (("source ", f.loso), ("model family ", f.lomo)))
         if args.write:
             write_call(f, carried)
