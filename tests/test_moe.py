@@ -709,3 +709,13 @@ def test_biased_experts_pay_megatrons_unfused_output_bias():
     assert op.bwd_ratio == pytest.approx(1.0) and op.recompute_module == "moe"
     plain = load_model("mixtral-8x7b")
     assert not plain.mlp_bias and "experts_out_bias" not in {o.name for o in layer_ops(plain, cfg, MOE_LAYER)}
+
+
+def test_list_clusters_shows_the_fitted_moe_host_times():
+    """`planner list clusters --json` shows each profile's fitted MoE host times by precision (2026-12-08): one expert
+    GEMM call, and what Megatron-Core's all-to-all dispatcher's sync adds per grouped GEMM pass; none where unfitted."""
+    listed = {c["name"]: c for c in json.loads(CliRunner().invoke(app, ["list", "clusters", "--json"]).stdout)
+              if "expert_gemm_call_us" in c}
+    assert listed["h100-80gb-sxm"]["expert_gemm_call_us"] == {"fp8": pytest.approx(95.0)}
+    assert listed["h100-80gb-sxm"]["expert_alltoall_sync_us"] == {"fp8": pytest.approx(760.0)}
+    assert listed["a100-80gb-sxm"]["expert_gemm_call_us"] == {} == listed["a100-80gb-sxm"]["expert_alltoall_sync_us"]

@@ -14,7 +14,7 @@ from planner.cost.memory import total_params
 from planner.cost.schedule import SCHEDULES
 from planner.errors import PlannerError
 from planner.export import megatron, torchtitan
-from planner.specs.hardware import GB, GIB, TFLOPS, load_cluster, shipped_clusters
+from planner.specs.hardware import GB, GIB, TFLOPS, US, load_cluster, shipped_clusters
 from planner.specs.model import load_model, shipped_models
 
 KINDS = ("models", "clusters", "schedules", "stacks", "launchers", "distributions")
@@ -52,10 +52,14 @@ def cluster_rows() -> list[dict[str, Any]]:
             "inter_node_gb_s": c.inter_node.bandwidth_bytes_per_s / GB, "max_gpus": c.max_gpus or None,
             # in --json only (the table is full at 80 columns): the kernels --attention-kernel can name here, and
             # the share of the datasheet tensor rate the part sustains under its power limit (bf16_tflops's), and
-            # the Mamba-2 SSD kernels' fitted rate (None: priced at their roofline)
+            # the Mamba-2 SSD kernels' fitted rate (None: priced at their roofline), and the current Megatron-Core
+            # release's fitted MoE host times by precision: one expert GEMM call, and what the all-to-all
+            # dispatcher's sync adds per grouped GEMM pass (microseconds; a stack release may give its own)
             "attention_kernels": list(c.gpu.attention_kernel_names()),
             "sustained_tensor_ratio": c.gpu.sustained_tensor_ratio,
             "ssd_scan_tflops": c.gpu.ssd_scan_flops / TFLOPS if c.gpu.ssd_scan_flops else None,
+            "expert_gemm_call_us": {p: v / US for p, v in c.gpu.expert_gemm_call_s},
+            "expert_alltoall_sync_us": {p: v / US for p, v in c.gpu.expert_alltoall_sync_s},
         })
     from planner.specs.pools import load_pooled_cluster, shipped_pooled_clusters
 
