@@ -468,6 +468,26 @@ def test_issue_time_never_makes_a_layer_faster_and_is_gone_at_zero(issue_us, mb,
         assert a.fwd_s == b.fwd_s and a.bwd_s == b.bwd_s
 
 
+@settings(max_examples=40, deadline=None)
+@given(sync_us=st.floats(0, 5000), mb=st.sampled_from([1, 2, 4]), ep=st.sampled_from([1, 2, 8]),
+       dispatcher=st.sampled_from(["alltoall", "deepep", "hybridep"]))
+def test_the_all_to_all_sync_only_adds_and_only_after_that_dispatcher(sync_us, mb, ep, dispatcher):
+    """The all-to-all dispatcher's sync time (2026-12-08) never makes a layer faster; it is gone at zero, after the
+    flex dispatchers and without expert parallelism; with it a layer takes no more than the sync's pass times on top
+    of its calls (two expert GEMMs: once forward, twice backward)."""
+    model = load_model(QWEN3_30B)
+    cfg = RunConfig(num_gpus=8, ep=ep, global_batch_size=64, micro_batch_size=mb, seq_len=4096, precision="mxfp8",
+                    ep_dispatcher=dispatcher)
+    ops = layer_ops(model, cfg, MOE_LAYER)
+    synced = replace(B200.gpu, expert_alltoall_sync_s=(("mxfp8", sync_us * 1e-6),))
+    free = replace(B200.gpu, expert_alltoall_sync_s=())
+    a, b = pass_times(ops, synced), pass_times(ops, free)
+    assert a.fwd_s >= b.fwd_s and a.bwd_s >= b.bwd_s
+    assert a.fwd_s <= b.fwd_s + 2 * sync_us * 1e-6 + 1e-12 and a.bwd_s <= b.bwd_s + 4 * sync_us * 1e-6 + 1e-12
+    if sync_us == 0 or dispatcher != "alltoall" or ep == 1:
+        assert (a.fwd_s, a.bwd_s) == (b.fwd_s, b.bwd_s)
+
+
 def test_bigger_micro_batches_amortize_the_expert_issue_time():
     """Megatron-Core's MoE guide, 'CPU Overhead Bottleneck': increase the micro-batch size. Per token, the
     issue-bound Qwen3-30B step gets faster from micro-batch 1 to 4 (published: the GB200 recipe runs 4)."""

@@ -208,8 +208,10 @@ class GPU:
 
     def expert_issue_s(self, precision, calls, alltoall=False):
         """Host time to issue one pass of a grouped expert GEMM of ``calls`` per-expert GEMMs (0: one kernel, never
-        host-bound): ``calls`` x :meth:`expert_call_s`, plus :attr:`expert_alltoall_sync_s` of the precision where
-        ``alltoall`` (the GEMM follows Megatron-Core's all-to-all dispatcher; flags or arrays of them)."""
+        host-bound): ``calls`` x :meth:`expert_call_s` (Transformer Engine's GroupedLinear, one quantize-and-GEMM
+        call per local expert), plus :attr:`expert_alltoall_sync_s` of the precision where ``alltoall`` (the GEMM
+        follows Megatron-Core's all-to-all dispatcher, whose host waits on the token counts before its all-to-all:
+        megatron/core/transformer/moe/token_dispatcher.py, cuda_sync_point "before_ep_alltoall"; flags or arrays)."""
         calls = np.asarray(calls, dtype=float)
         sync = per_precision(precision, self.expert_alltoall_sync_s, 0.0) if self.expert_alltoall_sync_s else 0.0
         return calls * self.expert_call_s(precision) + np.where(np.asarray(alltoall, dtype=bool) & (calls > 0),
