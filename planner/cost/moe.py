@@ -168,8 +168,8 @@ def undominated_dispatchers(model: ModelSpec, cluster: Cluster, ep_group: comm.G
     fixed = {d: 2 * v[0] - v[1] for d, v in at.items()}  # the intercept of each affine time
     slope = {d: v[1] - v[0] for d, v in at.items()}
 
-    def no_slower_compute(o, d):  # the all-to-all dispatcher's sync only adds (GPU.expert_issue_s)
-        return (o == "alltoall") == (d == "alltoall") or d == "alltoall"
+    def no_slower_compute(o, d):  # a flex dispatcher computes no slower than any: the all-to-all one's sync only adds
+        return o != "alltoall" or d == "alltoall"  # (GPU.expert_issue_s)
     out = []
     for i, d in enumerate(dispatchers):
         beaten = any(fixed[o] <= fixed[d] and slope[o] <= slope[d] and no_slower_compute(o, d) and

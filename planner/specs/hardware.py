@@ -213,7 +213,7 @@ class GPU:
         follows Megatron-Core's all-to-all dispatcher, whose host waits on the token counts before its all-to-all:
         megatron/core/transformer/moe/token_dispatcher.py, cuda_sync_point "before_ep_alltoall"; flags or arrays)."""
         calls = np.asarray(calls, dtype=float)
-        sync = per_precision(precision, self.expert_alltoall_sync_s, 0.0) if self.expert_alltoall_sync_s else 0.0
+        sync = per_precision(precision, self.expert_alltoall_sync_s, 0.0)
         return calls * self.expert_call_s(precision) + np.where(np.asarray(alltoall, dtype=bool) & (calls > 0),
                                                                  sync, 0.0)
 
